@@ -1,0 +1,22 @@
+"""jaxcomp: data-parallel training with compressed gradient exchange.
+
+Compressors are optax transforms::
+
+    tx = optax.chain(jaxcomp.terngrad(axis_name="workers"), optax.sgd(0.01, momentum=0.9))
+
+Inside ``vmap``/``pmap``/``shard_map`` over ``"workers"`` the transform
+quantizes each worker's gradients, moves the packed codes with
+``lax.all_gather`` and returns the average; ``jaxcomp.metrics(opt_state)``
+reports the bytes that crossed the wire.
+"""
+
+from jaxcomp import core
+from jaxcomp import parallel
+from jaxcomp import rng
+from jaxcomp.compressors import REGISTRY, get_transform, names
+from jaxcomp.compressors.terngrad import TernGrad, terngrad
+from jaxcomp.core import Compressor
+from jaxcomp.metrics import metrics
+from jaxcomp.transforms import CompressState, compress, path_str, pmean, skip_by_path
+
+__version__ = "0.1.0"

@@ -1,0 +1,165 @@
+"""TernGrad: stochastic ternary gradients (Wen et al., NeurIPS 2017).
+
+Per tensor (layer-wise ternarizing, §3.3: weights and biases each get their own
+scalar), on every worker ``i``:
+
+1. gradient clipping (Eq. 21): ``f(g) = clip(g, -cσ, cσ)`` with ``σ`` the
+   standard deviation of the tensor's elements (population std, i.e. after
+   subtracting their mean) and ``c = clip_sigma`` (default 2.5, §3.3);
+2. the local scalar (Eq. 2): ``s_i = max(|f(g)|)``;
+3. scalar sharing (Eq. 4): ``s = max_i s_i``, agreed by :mod:`jaxcomp.parallel`
+   with ``lax.pmax`` before encoding;
+4. stochastic ternarization (Eq. 1, 3): ``g~ = s · sign(f(g)) ∘ b`` with
+   ``b_k ~ Bernoulli(|f(g)_k| / s)``, so ``E[g~] = f(g)`` (Eq. 10);
+5. the wire: codes in {−1, 0, 1} packed four per byte (2 bits each, §3.1), plus
+   the float32 scalar.
+
+Decisions where the paper is brief (DESIGN.md rule 5; tested in
+``tests/test_terngrad.py``):
+
+* ``s`` follows the paper's Eq. 2, ``max|f(g)|``. The authors' TensorFlow code
+  uses ``c·σ`` itself; the two differ only when ``max|g| < c·σ``.
+* An element with ``|f(g)_k| = s`` becomes ``±s`` deterministically (its
+  Bernoulli probability is 1), as in the authors' code.
+* A tensor of zeros has ``s = 0`` and decodes to zeros (no 0/0).
+* A tensor whose elements are all equal (``σ = 0``, e.g. a scalar) is not
+  clipped, so it is sent exactly as ``±s``.
+* With scalar sharing all workers use one ``s``, so the mean of N workers is
+  ``s/N · Σ_i codes_i``: the aggregate sums the integer codes and scales once.
+* Which tensors stay in float is the transform's ``skip``/``min_size`` (the
+  paper keeps the last classification layer in float for AlexNet and
+  GoogLeNet, §4.2).
+
+References:
+  Wen, Xu, Yan, Wu, Wang, Chen, Li. *TernGrad: Ternary Gradients to Reduce
+  Communication in Distributed Deep Learning*. NeurIPS 2017.
+  (``papers/terngrad.md``)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from jaxcomp import core
+from jaxcomp import rng
+from jaxcomp import transforms
+from jaxcomp.codecs import twobit
+
+
+class TernGradPayload(NamedTuple):
+  codes: jax.Array  # uint8[ceil(n/4)]: 2-bit ternary codes, four per byte
+  scale: jax.Array  # float32[]: the (shared) scalar s
+
+
+def clip_by_sigma(x: jax.Array, c: Optional[float]) -> jax.Array:
+  """Eq. 21: clips ``x`` to ``[-c·σ, c·σ]``, ``σ`` the std of ``x``.
+
+  A tensor whose elements are all equal (``σ = 0``: a scalar, a constant
+  gradient) is left unclipped: clipping it would erase it, which Eq. 21 does
+  not intend (it assumes a spread of values around zero, §3.3).
+  """
+  if c is None:
+    return x
+  sigma = jnp.std(x)
+  bound = jnp.where(sigma > 0, c * sigma, jnp.inf)
+  return jnp.clip(x, -bound, bound)
+
+
+def ternarize(x: jax.Array, scale: jax.Array, u: jax.Array) -> jax.Array:
+  """Eq. 1 and 3: int8 codes ``sign(x)·b``, ``b ~ Bernoulli(|x|/scale)``.
+
+  ``u`` holds one uniform in ``[0, 1)`` per element. A zero ``scale`` gives
+  zero codes.
+  """
+  prob = jnp.where(scale > 0, jnp.abs(x) / jnp.where(scale > 0, scale, 1.0), 0.0)
+  keep = u < prob
+  return jnp.where(keep, jnp.sign(x), 0.0).astype(jnp.int8)
+
+
+@dataclasses.dataclass(frozen=True)
+class TernGrad(core.Compressor):
+  """TernGrad's per-tensor compressor (see the module docstring).
+
+  Attributes:
+    clip_sigma: ``c`` of Eq. 21; ``None`` turns clipping off.
+    scalar_sharing: agree on ``s = max_i s_i`` across workers (Eq. 4).
+    rng: ``"hash"`` (fast counter-based) or ``"threefry"`` uniforms.
+  """
+
+  clip_sigma: Optional[float] = 2.5
+  scalar_sharing: bool = True
+  rng: rng.RngImpl = "hash"
+
+  name = "terngrad"
+  unbiased = True  # unbiased w.r.t. the clipped gradient (exactly unbiased when clip_sigma=None)
+  stochastic = True
+
+  def __post_init__(self):
+    if self.clip_sigma is not None and not self.clip_sigma > 0:
+      raise ValueError(f"clip_sigma must be positive or None; got {self.clip_sigma}.")
+    rng.check_impl(self.rng)
+
+  def _local_scale(self, x: jax.Array) -> jax.Array:
+    return jnp.max(jnp.abs(clip_by_sigma(x.reshape(-1), self.clip_sigma)), initial=0.0)
+
+  def agree(self, x):
+    return self._local_scale(x) if self.scalar_sharing else None
+
+  def encode(self, x, key, agreed):
+    flat = clip_by_sigma(x.reshape(-1), self.clip_sigma)
+    scale = agreed if agreed is not None else self._local_scale(x)
+    u = rng.uniform(key, flat.size, self.rng)
+    codes = ternarize(flat, scale, u)
+    return TernGradPayload(codes=twobit.pack_2bit(codes), scale=scale.astype(jnp.float32))
+
+  def decode(self, payload, shape):
+    n = core.size_of(shape)
+    codes = twobit.unpack_2bit(payload.codes, n)
+    return (codes.astype(jnp.float32) * payload.scale).reshape(shape)
+
+  def aggregate(self, gathered, shape):
+    if not self.scalar_sharing:
+      return super().aggregate(gathered, shape)
+    n = core.size_of(shape)
+    workers = gathered.scale.shape[0]
+    codes = jax.vmap(lambda c: twobit.unpack_2bit(c, n))(gathered.codes)
+    total = jnp.sum(codes, axis=0, dtype=jnp.int32)
+    return (total.astype(jnp.float32) * (gathered.scale[0] / workers)).reshape(shape)
+
+
+def terngrad(
+    clip_sigma: Optional[float] = 2.5,
+    *,
+    scalar_sharing: bool = True,
+    rng: rng.RngImpl = "hash",
+    **kwargs: Any,
+) -> optax.GradientTransformationExtraArgs:
+  """TernGrad as an optax transform.
+
+  Example::
+
+    tx = optax.chain(
+        jaxcomp.terngrad(clip_sigma=2.5, axis_name="workers"),
+        optax.sgd(0.01, momentum=0.9),
+    )
+
+  Args:
+    clip_sigma: ``c`` of the gradient clipping (Eq. 21); ``None`` disables it
+      (TernGrad-noclip of Table 2).
+    scalar_sharing: share ``s = max_i s_i`` across workers (Eq. 4).
+    rng: uniform generator, ``"hash"`` or ``"threefry"``.
+    **kwargs: passed to :func:`jaxcomp.compress`: ``axis_name``, ``skip``,
+      ``min_size``, ``seed``, ``nonfinite``, ``error_feedback`` (off by
+      default: TernGrad is unbiased and uses none).
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs``.
+  """
+  return transforms.compress(
+      TernGrad(clip_sigma=clip_sigma, scalar_sharing=scalar_sharing, rng=rng), **kwargs
+  )

@@ -1,0 +1,140 @@
+"""The compressor protocol.
+
+A :class:`Compressor` is a pure, jit-able pair acting on one tensor:
+
+* ``encode(x, key, agreed) -> Payload``: ``x`` is the tensor (float32, its
+  original shape), ``key`` a PRNG key private to this tensor, worker and step,
+  and ``agreed`` whatever the workers agreed on before encoding (see
+  :meth:`Compressor.agree`), or ``None``.
+* ``decode(payload, shape) -> x_hat``: float32 of ``shape``.
+
+A *Payload* is a small ``NamedTuple`` of arrays with static shapes: packed
+integer codes (uint8/uint32) plus a few float scales. That tuple *is* the wire:
+:mod:`jaxcomp.parallel` hands exactly these arrays to ``lax.all_gather``, and
+``bytes_on_wire`` is the sum of their ``nbytes``.
+
+Everything around a compressor is shared, never re-written per algorithm:
+error feedback, skipping tensors, dtype handling, randomness, the collective
+and the byte accounting live in :mod:`jaxcomp.transforms` and
+:mod:`jaxcomp.parallel`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, ClassVar, NamedTuple, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+Shape = tuple[int, ...]
+Payload = Any  # a NamedTuple of arrays
+
+
+def tree_nbytes(tree: Any) -> int:
+  """Static number of bytes of all arrays (or ShapeDtypeStructs) in ``tree``."""
+  total = 0
+  for leaf in jax.tree.leaves(tree):
+    total += int(np.prod(leaf.shape, dtype=np.int64)) * np.dtype(leaf.dtype).itemsize
+  return total
+
+
+def size_of(shape: Sequence[int]) -> int:
+  return int(math.prod(shape))
+
+
+@dataclasses.dataclass(frozen=True)
+class Compressor:
+  """Base class of all per-tensor compressors.
+
+  Subclasses are frozen dataclasses holding the static configuration, so they
+  are hashable and can be closed over by jitted functions.
+
+  Class attributes describe the algorithm for the shared machinery:
+
+  Attributes:
+    name: registry name.
+    unbiased: ``E[decode(encode(x))] == x`` (stochastic quantizers).
+    error_feedback: whether the transform factory enables the shared
+      error-feedback residual by default.
+    stochastic: whether ``encode`` uses its key.
+    metric_keys: names of the counters :meth:`extra_metrics` returns.
+  """
+
+  name: ClassVar[str] = "compressor"
+  unbiased: ClassVar[bool] = False
+  error_feedback: ClassVar[bool] = False
+  stochastic: ClassVar[bool] = False
+  metric_keys: ClassVar[tuple[str, ...]] = ()
+
+  # -- the protocol ---------------------------------------------------------
+
+  def agree(self, x: jax.Array) -> Optional[Any]:
+    """Statistics the workers agree on before encoding, by a maximum.
+
+    :mod:`jaxcomp.parallel` reduces the returned pytree with ``lax.pmax`` over
+    the worker axis and passes the result to :meth:`encode` as ``agreed``.
+    TernGrad's scalar sharing (Eq. 4) is the example. ``None`` (the default)
+    means no agreement round. With no worker axis, ``agreed`` is the local
+    value.
+    """
+    del x
+    return None
+
+  def encode(self, x: jax.Array, key: jax.Array, agreed: Optional[Any]) -> Payload:
+    raise NotImplementedError
+
+  def decode(self, payload: Payload, shape: Shape) -> jax.Array:
+    raise NotImplementedError
+
+  def aggregate(self, gathered: Payload, shape: Shape) -> jax.Array:
+    """The mean of all workers' decoded tensors.
+
+    ``gathered`` is the Payload with a leading worker axis, as
+    ``lax.all_gather`` returns it. The default decodes every payload and
+    averages; compressors whose codes can be summed before scaling override
+    this to decode once (e.g. TernGrad with a shared scalar).
+    """
+    decoded = jax.vmap(lambda p: self.decode(p, shape))(gathered)
+    return jnp.mean(decoded, axis=0)
+
+  def encoded_bytes(self, payload: Payload, shape: Shape) -> Optional[jax.Array]:
+    """Exact size of a variable-length encoding of ``payload``, if any.
+
+    Reported as ``encoded_bytes``, separately from ``bytes_on_wire`` (the
+    static size of the payload arrays that the collective moves). ``None``
+    when the payload is its own encoding.
+    """
+    del payload, shape
+    return None
+
+  def extra_metrics(self, payload: Payload, shape: Shape) -> dict[str, jax.Array]:
+    """Per-tensor counters summed into the metrics (e.g. overflow, fallbacks)."""
+    del payload, shape
+    return {}
+
+  def validate(self, shape: Shape, dtype: Any) -> None:
+    """Raises a clear error if this compressor cannot handle such a tensor."""
+    del shape, dtype
+
+
+class WireStats(NamedTuple):
+  """Static wire sizes of one tensor on one worker, in bytes."""
+
+  payload: int
+  agreement: int
+  float32: int
+
+
+class WorkerLocal(NamedTuple):
+  """The part of an optimizer state that differs between workers.
+
+  Under ``vmap``/``pmap``/``shard_map`` these leaves carry a leading worker
+  axis (see :func:`jaxcomp.parallel.worker_axes`); everything else in the
+  optimizer state is identical on every worker.
+  """
+
+  residual: Any  # params-shaped; optax.MaskedNode() where there is none
+  metrics: dict[str, jax.Array]

@@ -1,0 +1,56 @@
+"""Reading the wire accounting out of an optimizer state."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jaxcomp import core
+
+
+def metrics(opt_state: Any) -> dict[str, jax.Array]:
+  """The wire metrics of the last update, whatever the state's layout.
+
+  Finds every compression transform's counters in ``opt_state`` (a chain, a
+  ``masked`` or nested states) and sums them. Counters with a leading worker
+  axis (a state laid over workers with :func:`jaxcomp.parallel.replicate_workers`)
+  are averaged over workers, so the figures are per worker per step.
+
+  Keys (bytes are per worker, for the last update):
+
+  * ``bytes_on_wire``: bytes of every array this worker handed to a
+    collective (compressed payloads, agreement scalars, non-finite flags, and
+    the tensors sent in float).
+  * ``float32_bytes``: what all the gradients would cost as float32.
+  * ``compressed_bytes_on_wire`` / ``compressed_float32_bytes``: the same two
+    restricted to the compressed tensors.
+  * ``float_bytes``: bytes of the tensors left in float (skipped).
+  * ``encoded_bytes``: like ``bytes_on_wire`` but with the exact size of
+    variable-length encodings (zero-run, Elias) where a compressor has one.
+  * ``nonfinite_tensors``: tensors that held NaN/Inf in the last update.
+  * ``compression_ratio``: ``float32_bytes / bytes_on_wire``;
+    ``compressed_ratio`` the same over compressed tensors only.
+  * compressor-specific counters (e.g. overflow, fallbacks).
+
+  Returns an empty dict if the state holds no compression transform.
+  """
+  found = [
+      x.metrics
+      for x in jax.tree.leaves(opt_state, is_leaf=lambda x: isinstance(x, core.WorkerLocal))
+      if isinstance(x, core.WorkerLocal)
+  ]
+  if not found:
+    return {}
+  out: dict[str, jax.Array] = {}
+  for m in found:
+    for k, v in m.items():
+      v = jnp.asarray(v)
+      v = jnp.mean(v.astype(jnp.float32)) if v.ndim else v.astype(jnp.float32)
+      out[k] = out.get(k, 0.0) + v
+  out["compression_ratio"] = out["float32_bytes"] / jnp.maximum(out["bytes_on_wire"], 1.0)
+  out["compressed_ratio"] = out["compressed_float32_bytes"] / jnp.maximum(
+      out["compressed_bytes_on_wire"], 1.0
+  )
+  return out

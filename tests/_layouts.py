@@ -1,0 +1,74 @@
+"""Run a per-worker optax update under vmap, pmap, shard_map and shard_map+vmap.
+
+Every runner takes gradients with a leading worker axis of N and a state laid
+out with jaxcomp.parallel.replicate_workers, and returns (updates, new_state)
+with the updates unbatched (they are the same on every worker: the runners
+check that by declaring them unmapped) and the worker-local state batched.
+"""
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+import jaxcomp
+from jaxcomp import parallel
+
+
+def _mesh(n):
+  return jax.make_mesh((n,), ("d",), axis_types=(jax.sharding.AxisType.Auto,), devices=jax.devices()[:n])
+
+
+def make_runners(make_tx, n_workers):
+  """make_tx(axis_name) -> optax transform. Returns {name: runner(grads, state)}."""
+  runners = {}
+
+  def vmap_runner(grads, state):
+    tx = make_tx("w")
+    axes = parallel.worker_axes(state)
+    return jax.jit(jax.vmap(tx.update, in_axes=(0, axes), out_axes=(None, axes), axis_name="w"))(grads, state)
+
+  runners["vmap"] = vmap_runner
+
+  if len(jax.devices()) >= n_workers:
+
+    def pmap_runner(grads, state):
+      tx = make_tx("w")
+      axes = parallel.worker_axes(state)
+      return jax.pmap(tx.update, axis_name="w", in_axes=(0, axes), out_axes=(None, axes))(grads, state)
+
+    def shard_map_runner(grads, state):
+      tx = make_tx("d")
+      mesh = _mesh(n_workers)
+      specs = parallel.worker_specs(state, "d")
+      axes = parallel.worker_axes(state)
+
+      def per_device(g, s):
+        # One worker per device: drop the local worker axis of size 1 and put it back.
+        g = jax.tree.map(lambda a: a[0], g)
+        s = jax.tree.map(lambda a, ax: a if ax is None else a[0], s, axes)
+        upd, s2 = tx.update(g, s)
+        s2 = jax.tree.map(lambda a, ax: a if ax is None else a[None], s2, axes)
+        return upd, s2
+
+      f = jax.shard_map(per_device, mesh=mesh, in_specs=(P("d"), specs), out_specs=(P(), specs))
+      return jax.jit(f)(grads, state)
+
+    def shard_map_vmap_runner(grads, state):
+      # Half the workers per device: vmap over "w" inside shard_map over "d".
+      n_dev = n_workers // 2
+      tx = make_tx(("d", "w"))
+      mesh = _mesh(n_dev)
+      specs = parallel.worker_specs(state, "d")
+      axes = parallel.worker_axes(state)
+      inner = jax.vmap(tx.update, in_axes=(0, axes), out_axes=(None, axes), axis_name="w")
+      f = jax.shard_map(inner, mesh=mesh, in_specs=(P("d"), specs), out_specs=(P(), specs), check_vma=False)
+      return jax.jit(f)(grads, state)
+
+    runners["pmap"] = pmap_runner
+    runners["shard_map"] = shard_map_runner
+    runners["shard_map+vmap"] = shard_map_vmap_runner
+  return runners
+
+
+def init_state(make_tx, params, n_workers):
+  return parallel.replicate_workers(make_tx(None).init(params), n_workers)

@@ -1,0 +1,110 @@
+"""The exchange gives the same numbers under vmap, pmap, shard_map and shard_map+vmap."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxcomp
+from jaxcomp import parallel
+
+from _layouts import init_state, make_runners
+
+N = 8
+
+
+def _grads(step):
+  k = jax.random.PRNGKey(100 + step)
+  k1, k2, k3 = jax.random.split(k, 3)
+  return {
+      "conv": jax.random.normal(k1, (N, 5, 5, 3, 8)),
+      "bias": jax.random.normal(k2, (N, 8)) * 0.1,
+      "fc": jax.random.normal(k3, (N, 37, 11)),
+  }
+
+
+FACTORIES = {
+    "terngrad": lambda axis: jaxcomp.terngrad(axis_name=axis),
+    "terngrad_threefry_noshare": lambda axis: jaxcomp.terngrad(axis_name=axis, rng="threefry", scalar_sharing=False),
+    "pmean": lambda axis: jaxcomp.pmean(axis_name=axis),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FACTORIES))
+def test_layouts_agree(name):
+  assert len(jax.devices()) >= N, "tests/conftest.py should give 8 host devices"
+  make_tx = FACTORIES[name]
+  params = jax.tree.map(lambda g: g[0], _grads(0))
+  results = {}
+  for layout, run in make_runners(make_tx, N).items():
+    state = init_state(make_tx, params, N)
+    outs = []
+    for step in range(2):
+      upd, state = run(_grads(step), state)
+      outs.append(upd)
+    results[layout] = (outs, jaxcomp.metrics(state))
+  assert set(results) == {"vmap", "pmap", "shard_map", "shard_map+vmap"}
+  ref_outs, ref_metrics = results["vmap"]
+  for layout, (outs, m) in results.items():
+    for a, b in zip(ref_outs, outs):
+      jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-6, rtol=0, err_msg=layout), a, b)
+    for k in ref_metrics:
+      assert float(ref_metrics[k]) == float(m[k]), (layout, k)
+
+
+def test_pmean_is_the_mean():
+  make_tx = FACTORIES["pmean"]
+  g = _grads(0)
+  params = jax.tree.map(lambda a: a[0], g)
+  state = init_state(make_tx, params, N)
+  upd, st = make_runners(make_tx, N)["vmap"](g, state)
+  jax.tree.map(lambda u, a: np.testing.assert_allclose(u, a.mean(0), rtol=1e-6, atol=1e-7), upd, g)
+  m = jaxcomp.metrics(st)
+  assert float(m["bytes_on_wire"]) == float(m["float32_bytes"]) == 4 * sum(a[0].size for a in g.values())
+
+
+def test_terngrad_mean_is_average_of_worker_decodes():
+  """The decode-once aggregate equals decoding each worker's payload and averaging."""
+  comp = jaxcomp.TernGrad()
+  xs = jax.random.normal(jax.random.PRNGKey(0), (N, 64, 3))
+  keys = jax.random.split(jax.random.PRNGKey(1), N)
+
+  def worker(x, k):
+    mean, own, payload, _ = parallel.exchange(comp, x, k, "w", need_own=True)
+    return mean, own
+
+  mean, owns = jax.vmap(worker, axis_name="w", out_axes=(None, 0))(xs, keys)
+  np.testing.assert_allclose(mean, owns.mean(0), rtol=1e-6, atol=1e-7)
+
+
+def test_workers_draw_independently():
+  """Folding in lax.axis_index: identical inputs on all workers give different codes."""
+  tx = jaxcomp.terngrad(axis_name="w", clip_sigma=None)
+  x = jnp.linspace(-1, 1, 4000)
+  state = tx.init(x)
+  axes = parallel.worker_axes(state)
+
+  def own(g, s):
+    comp = jaxcomp.TernGrad(clip_sigma=None)
+    k = jaxcomp.rng.leaf_key(jax.random.PRNGKey(0), 0, parallel.axis_index("w"))
+    return comp.decode(comp.encode(g, k, comp.agree(g)), g.shape)
+
+  owns = jax.vmap(own, in_axes=(None, None), axis_name="w", axis_size=4)(x, state)
+  for i in range(4):
+    for j in range(i + 1, 4):
+      assert not np.array_equal(owns[i], owns[j])
+
+
+def test_axis_helpers():
+  def f(x):
+    return parallel.axis_index(("a", "b")), parallel.axis_size(("a", "b")), parallel.all_gather(x, ("a", "b"))
+
+  x = jnp.arange(6).reshape(2, 3)
+  idx, size, gathered = jax.vmap(jax.vmap(f, axis_name="b"), axis_name="a")(x)
+  np.testing.assert_array_equal(idx, np.arange(6).reshape(2, 3))
+  assert int(size[0, 0]) == 6
+  np.testing.assert_array_equal(gathered[0, 0], np.arange(6))
+  with pytest.raises(TypeError):
+    parallel.axis_size(("a", 3))

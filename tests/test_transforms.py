@@ -1,0 +1,139 @@
+"""The shared machinery of jaxcomp.compress: error feedback, skipping, policies, metrics."""
+
+import dataclasses
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import jaxcomp
+from jaxcomp import core, parallel
+
+
+class _RoundPayload(NamedTuple):
+  codes: jax.Array
+  scale: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class Round(core.Compressor):
+  """A deterministic biased test compressor: int8 codes of round(x / scale)."""
+
+  levels: int = 3
+  name = "round_test"
+  error_feedback = True
+
+  def encode(self, x, key, agreed):
+    del key, agreed
+    scale = jnp.max(jnp.abs(x), initial=0.0) / self.levels
+    safe = jnp.where(scale > 0, scale, 1.0)
+    return _RoundPayload(jnp.round(x / safe).astype(jnp.int8).reshape(-1), scale)
+
+  def decode(self, p, shape):
+    return (p.codes.astype(jnp.float32) * p.scale).reshape(shape)
+
+
+def _vmap_update(tx, grads, state):
+  axes = parallel.worker_axes(state)
+  return jax.vmap(tx.update, in_axes=(0, axes), out_axes=(None, axes), axis_name="w")(grads, state)
+
+
+def test_error_feedback_conservation_single_worker():
+  """Over T steps: sum(decoded) + final residual == sum(inputs)."""
+  tx = jaxcomp.compress(Round())
+  g0 = jnp.zeros((50,))
+  state = tx.init(g0)
+  total_in = jnp.zeros(50)
+  total_out = jnp.zeros(50)
+  for t in range(25):
+    g = jax.random.normal(jax.random.PRNGKey(t), (50,))
+    out, state = jax.jit(tx.update)(g, state)
+    total_in += g
+    total_out += out
+  np.testing.assert_allclose(total_out + state.local.residual, total_in, atol=1e-4)
+  assert float(jnp.max(jnp.abs(state.local.residual))) > 0  # the test is not vacuous
+
+
+def test_error_feedback_conservation_many_workers():
+  """Per worker: sum of own decodes + residual == sum of inputs; mean of decodes is the update."""
+  N = 4
+  tx = jaxcomp.compress(Round(), axis_name="w")
+  state = parallel.replicate_workers(tx.init(jnp.zeros((3, 7))), N)
+  total_in = jnp.zeros((N, 3, 7))
+  total_upd = jnp.zeros((3, 7))
+  for t in range(10):
+    g = jax.random.normal(jax.random.PRNGKey(t), (N, 3, 7))
+    upd, state = _vmap_update(tx, g, state)
+    total_in += g
+    total_upd += upd
+  # The update is the mean of what workers decoded, so mean_i(sum_in_i - r_i) == sum(updates).
+  np.testing.assert_allclose(total_upd, (total_in - state.local.residual).mean(0), atol=1e-4)
+
+
+def test_skip_predicate_tree_and_min_size():
+  params = {"a": jnp.zeros((100,)), "b": jnp.zeros((100,)), "small": jnp.zeros((3,))}
+  grads = {k: jnp.linspace(-1, 1, v.size) for k, v in params.items()}
+  # Callable predicate on the path, and min_size.
+  tx = jaxcomp.compress(Round(), skip=jaxcomp.skip_by_path(lambda p: p == "b"), min_size=10)
+  out, st = tx.update(grads, tx.init(params))
+  np.testing.assert_array_equal(out["b"], grads["b"])
+  np.testing.assert_array_equal(out["small"], grads["small"])
+  assert not np.array_equal(out["a"], grads["a"])
+  assert isinstance(st.local.residual["b"], optax.MaskedNode)
+  m = jaxcomp.metrics(st)
+  assert float(m["float_bytes"]) == 4 * 103
+  # A pytree of booleans (a prefix of the structure works too).
+  tx2 = jaxcomp.compress(Round(), skip={"a": True, "b": False, "small": False})
+  out2, _ = tx2.update(grads, tx2.init(params))
+  np.testing.assert_array_equal(out2["a"], grads["a"])
+  with pytest.raises(TypeError, match="Python booleans"):
+    jaxcomp.compress(Round(), skip={"a": jnp.array(True), "b": False, "small": False}).init(params)
+  with pytest.raises(ValueError, match="structure"):
+    jaxcomp.compress(Round(), skip={"zzz": True}).init(params)
+
+
+@pytest.mark.parametrize("policy", ["propagate", "zero"])
+def test_nonfinite_policies(policy):
+  N = 2
+  tx = jaxcomp.compress(Round(), axis_name="w", nonfinite=policy)
+  state = parallel.replicate_workers(tx.init({"x": jnp.zeros(5), "y": jnp.zeros(5)}), N)
+  g = {"x": jnp.array([[1.0, 2, 3, 4, 5], [1, 2, jnp.nan, 4, 5]]), "y": jnp.ones((N, 5))}
+  upd, st = _vmap_update(tx, g, state)
+  if policy == "propagate":
+    assert np.all(np.isnan(upd["x"]))
+  else:
+    assert np.all(np.isfinite(upd["x"]))
+    x0 = g["x"][0]
+    alone = Round().decode(Round().encode(x0, None, None), x0.shape)
+    np.testing.assert_allclose(upd["x"], alone / 2, atol=1e-6)  # the bad worker sent zeros
+  np.testing.assert_allclose(upd["y"], 1.0)
+  # The bad worker's residual is untouched (zeros), never NaN.
+  assert np.all(np.isfinite(st.local.residual["x"]))
+  np.testing.assert_array_equal(st.local.residual["x"][1], 0.0)
+  assert float(jaxcomp.metrics(st)["nonfinite_tensors"]) == 0.5  # per worker: one of two workers
+  with pytest.raises(ValueError, match="nonfinite"):
+    jaxcomp.compress(Round(), nonfinite="ignore")
+
+
+def test_integer_leaves_rejected_and_registry():
+  with pytest.raises(TypeError, match="floating"):
+    jaxcomp.compress(Round()).init({"i": jnp.zeros(3, jnp.int32)})
+  with pytest.raises(ValueError, match="Unknown compressor"):
+    jaxcomp.get_transform("nope")
+  assert "terngrad" in jaxcomp.names() and "none" in jaxcomp.names()
+  with pytest.raises(TypeError, match="terngrad"):
+    jaxcomp.get_transform("terngrad", levels=3)
+
+
+def test_metrics_from_nested_state_and_masked():
+  params = {"a": jnp.zeros((64,)), "b": jnp.zeros((64,))}
+  tx = optax.chain(jaxcomp.compress(Round()), optax.sgd(0.1))
+  _, st = tx.update(params, tx.init(params), params)
+  m = jaxcomp.metrics(st)
+  # int8 codes (64 B) + float32 scale (4 B) per tensor, single worker: no agreement, no flags.
+  assert float(m["bytes_on_wire"]) == 2 * (64 + 4)
+  assert float(m["compression_ratio"]) == pytest.approx(512 / 136)
+  assert jaxcomp.metrics(optax.sgd(0.1).init(params)) == {}
