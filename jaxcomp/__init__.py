@@ -13,7 +13,7 @@ reports the bytes that crossed the wire.
 from jaxcomp import core
 from jaxcomp import parallel
 from jaxcomp import rng
-from jaxcomp.compressors import REGISTRY, get_transform, names
+from jaxcomp.compressors import REGISTRY, get_transform, make_optimizer, names
 from jaxcomp.compressors.terngrad import TernGrad, terngrad
 from jaxcomp.core import Compressor
 from jaxcomp.metrics import metrics

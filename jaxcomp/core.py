@@ -61,6 +61,9 @@ class Compressor:
       error-feedback residual by default.
     stochastic: whether ``encode`` uses its key.
     metric_keys: names of the counters :meth:`extra_metrics` returns.
+    custom_exchange: the compressor runs its own exchange (several rounds of
+      collectives, e.g. PowerSGD) through :meth:`exchange` instead of the
+      default agree → encode → all_gather → aggregate.
   """
 
   name: ClassVar[str] = "compressor"
@@ -68,6 +71,7 @@ class Compressor:
   error_feedback: ClassVar[bool] = False
   stochastic: ClassVar[bool] = False
   metric_keys: ClassVar[tuple[str, ...]] = ()
+  custom_exchange: ClassVar[bool] = False
 
   # -- the protocol ---------------------------------------------------------
 
@@ -115,17 +119,36 @@ class Compressor:
     del payload, shape
     return {}
 
+  def init_state(self, shape: Shape, key: jax.Array) -> Any:
+    """Per-tensor state identical on every worker (e.g. PowerSGD's warm-start Q).
+
+    ``None`` (the default) means none. Worker-specific state belongs in the
+    shared error-feedback residual, not here.
+    """
+    del shape, key
+    return None
+
+  def exchange(self, x: jax.Array, key: jax.Array, axis_name: Any, state: Any) -> "Exchanged":
+    """A whole exchange, for compressors with ``custom_exchange = True``.
+
+    Must use only :mod:`jaxcomp.parallel` collectives over ``axis_name``
+    (which may be ``None``: one worker) and return an :class:`Exchanged`.
+    """
+    raise NotImplementedError
+
   def validate(self, shape: Shape, dtype: Any) -> None:
     """Raises a clear error if this compressor cannot handle such a tensor."""
     del shape, dtype
 
 
-class WireStats(NamedTuple):
-  """Static wire sizes of one tensor on one worker, in bytes."""
+class Exchanged(NamedTuple):
+  """What a custom exchange returns."""
 
-  payload: int
-  agreement: int
-  float32: int
+  mean: jax.Array  # float32, the average over workers of the decoded tensors
+  own: jax.Array  # float32, what this worker's own message decodes to (error feedback)
+  payload: Payload  # this worker's message, for encoded_bytes / extra_metrics
+  wire_bytes: int  # static bytes this worker handed to collectives
+  state: Any  # the new per-tensor state
 
 
 class WorkerLocal(NamedTuple):

@@ -55,6 +55,7 @@ class CompressState(NamedTuple):
 
   count: jax.Array  # int32 step counter
   key: jax.Array  # PRNG key, identical on every worker
+  inner: Any  # per-tensor compressor states (Compressor.init_state), identical on every worker
   local: core.WorkerLocal
 
 
@@ -167,9 +168,16 @@ def compress(
         if not f:
           compressor.validate(tuple(jnp.shape(p)), jnp.asarray(p).dtype)
     metrics = {k: jnp.zeros((), jnp.int32) for k in keys}
+    key = jax.random.PRNGKey(seed)
+    inner = [
+        optax.MaskedNode() if (f or compressor is None)
+        else _or_masked(compressor.init_state(tuple(jnp.shape(p)), jax.random.fold_in(key, i)))
+        for i, (p, f) in enumerate(zip(leaves, flags))
+    ]
     return CompressState(
         count=jnp.zeros((), jnp.int32),
-        key=jax.random.PRNGKey(seed),
+        key=jax.random.fold_in(key, len(leaves)),
+        inner=treedef.unflatten(inner),
         local=core.WorkerLocal(residual=treedef.unflatten(residual), metrics=metrics),
     )
 
@@ -180,6 +188,7 @@ def compress(
       _check_float(leaf)
     flags = _resolve_skip(skip, updates, min_size, compressor is None)
     residuals = treedef.flatten_up_to(state.local.residual)
+    inners = treedef.flatten_up_to(state.inner)
     key, step_key = jax.random.split(state.key)
     worker = parallel.axis_index(axis_name)
     has_axis = bool(parallel._names(axis_name))
@@ -211,7 +220,7 @@ def compress(
         any_bad[i] = global_flags[j] > 0
 
     # Pass 2: exchange.
-    out, new_res = [], []
+    out, new_res, new_inner = [], [], []
     m = {k: jnp.zeros((), jnp.int32) for k in keys}
     static = dict.fromkeys(STANDARD_METRICS, 0)
     static["compressed_bytes_on_wire"] = flag_bytes
@@ -221,10 +230,17 @@ def compress(
       if f:
         out.append(parallel.pmean(g, axis_name) if has_axis else g)
         new_res.append(r)
+        new_inner.append(inners[i])
         static["float_bytes"] += n * g.dtype.itemsize
         continue
       k = rng.leaf_key(step_key, i, worker)
-      mean, own, payload, wire = parallel.exchange(compressor, xs[i], k, axis_name, need_own=use_ef)
+      if compressor.custom_exchange:
+        ex = compressor.exchange(xs[i], k, axis_name, _from_masked(inners[i]))
+        mean, own, payload, wire = ex.mean, ex.own, ex.payload, ex.wire_bytes
+        new_inner.append(_or_masked(ex.state))
+      else:
+        mean, own, payload, wire = parallel.exchange(compressor, xs[i], k, axis_name, need_own=use_ef)
+        new_inner.append(inners[i])
       if nonfinite == "propagate":
         mean = jnp.where(any_bad[i], jnp.full_like(mean, jnp.nan), mean)
       out.append(mean.astype(g.dtype))
@@ -249,11 +265,20 @@ def compress(
     new_state = CompressState(
         count=optax.safe_increment(state.count),
         key=key,
+        inner=treedef.unflatten(new_inner),
         local=core.WorkerLocal(residual=treedef.unflatten(new_res), metrics=m),
     )
     return treedef.unflatten(out), new_state
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def _or_masked(x: Any) -> Any:
+  return optax.MaskedNode() if x is None else x
+
+
+def _from_masked(x: Any) -> Any:
+  return None if isinstance(x, optax.MaskedNode) else x
 
 
 def pmean(axis_name: parallel.AxisName = None) -> optax.GradientTransformationExtraArgs:

@@ -137,3 +137,38 @@ def test_metrics_from_nested_state_and_masked():
   assert float(m["bytes_on_wire"]) == 2 * (64 + 4)
   assert float(m["compression_ratio"]) == pytest.approx(512 / 136)
   assert jaxcomp.metrics(optax.sgd(0.1).init(params)) == {}
+
+
+@dataclasses.dataclass(frozen=True)
+class _CountingMean(core.Compressor):
+  """A custom exchange with per-tensor state: float pmean, counting its calls."""
+
+  name = "counting_mean_test"
+  custom_exchange = True
+
+  def init_state(self, shape, key):
+    return jnp.zeros((), jnp.int32)
+
+  def exchange(self, x, key, axis_name, state):
+    mean = parallel.pmean(x, axis_name)
+    return core.Exchanged(mean=mean, own=x, payload=(x,), wire_bytes=x.nbytes, state=state + 1)
+
+
+def test_custom_exchange_and_inner_state():
+  N = 3
+  tx = jaxcomp.compress(_CountingMean(), axis_name="w")
+  state = parallel.replicate_workers(tx.init({"a": jnp.zeros(4), "b": jnp.zeros(2)}), N)
+  g = {"a": jnp.arange(12.0).reshape(N, 4), "b": jnp.ones((N, 2))}
+  for _ in range(2):
+    upd, state = _vmap_update(tx, g, state)
+  np.testing.assert_allclose(upd["a"], g["a"].mean(0))
+  assert int(state.inner["a"]) == 2 and int(state.inner["b"]) == 2  # replicated, not per worker
+  assert float(jaxcomp.metrics(state)["bytes_on_wire"]) == 4 * 6
+
+
+def test_make_optimizer_chains():
+  opt = jaxcomp.make_optimizer("terngrad", optax.sgd(0.1), clip_sigma=None)
+  params = {"w": jnp.ones(8)}
+  upd, st = opt.update({"w": jnp.ones(8)}, opt.init(params), params)
+  np.testing.assert_allclose(upd["w"], -0.1)
+  assert float(jaxcomp.metrics(st)["bytes_on_wire"]) == 2 + 4

@@ -2,6 +2,9 @@
 
 ``get_transform(name, **kwargs)`` builds the optax transform of a registered
 compressor, e.g. ``get_transform("terngrad", axis_name="workers", clip_sigma=2.5)``;
+``make_optimizer(name, optimizer, **kwargs)`` puts it in front of an optimizer
+(``optax.chain(compressor, optimizer)``, or the compressor's own wrapper for
+schemes that change when the optimizer steps, such as local steps).
 ``config.compressor`` and ``config.compressor_kwargs`` of the experiment configs
 go straight through it.
 """
@@ -24,12 +27,19 @@ REGISTRY: dict[str, Callable[..., optax.GradientTransformationExtraArgs]] = {
 }
 
 
+# name -> wrapper(optimizer, **kwargs) -> optax.GradientTransformation, for
+# schemes that decide when the optimizer steps (they cannot be a chain link).
+WRAPPERS: dict[str, Callable[..., optax.GradientTransformation]] = {}
+
+
 def names() -> list[str]:
-  return sorted(REGISTRY)
+  return sorted(set(REGISTRY) | set(WRAPPERS))
 
 
 def get_transform(name: str, **kwargs: Any) -> optax.GradientTransformationExtraArgs:
   """The optax transform of compressor ``name`` with keyword arguments."""
+  if name in WRAPPERS:
+    raise ValueError(f"{name!r} wraps the optimizer: use make_optimizer({name!r}, optimizer, ...).")
   try:
     factory = REGISTRY[name]
   except KeyError:
@@ -38,3 +48,15 @@ def get_transform(name: str, **kwargs: Any) -> optax.GradientTransformationExtra
     return factory(**kwargs)
   except TypeError as e:
     raise TypeError(f"Bad arguments for compressor {name!r}: {e}") from None
+
+
+def make_optimizer(
+    name: str, optimizer: optax.GradientTransformation, **kwargs: Any
+) -> optax.GradientTransformation:
+  """The compressed exchange of ``name`` followed by ``optimizer``."""
+  if name in WRAPPERS:
+    try:
+      return WRAPPERS[name](optimizer, **kwargs)
+    except TypeError as e:
+      raise TypeError(f"Bad arguments for compressor {name!r}: {e}") from None
+  return optax.chain(get_transform(name, **kwargs), optimizer)
