@@ -168,6 +168,13 @@ def compress(
         if not f:
           compressor.validate(tuple(jnp.shape(p)), jnp.asarray(p).dtype)
     metrics = {k: jnp.zeros((), jnp.int32) for k in keys}
+    # The per-step reference sizes are static: record them from the start, with no
+    # byte sent yet, so that a wrapper that skips an exchange on some steps (local
+    # steps) can carry them while reporting zero wire bytes.
+    metrics["float32_bytes"] = jnp.int32(sum(4 * core.size_of(jnp.shape(p)) for p in leaves))
+    metrics["compressed_float32_bytes"] = jnp.int32(
+        sum(4 * core.size_of(jnp.shape(p)) for p, f in zip(leaves, flags) if not f)
+    )
     key = jax.random.PRNGKey(seed)
     inner = [
         optax.MaskedNode() if (f or compressor is None)
@@ -237,9 +244,12 @@ def compress(
       if compressor.custom_exchange:
         ex = compressor.exchange(xs[i], k, axis_name, _from_masked(inners[i]))
         mean, own, payload, wire = ex.mean, ex.own, ex.payload, ex.wire_bytes
+        enc_metrics = ex.metrics or {}
         new_inner.append(_or_masked(ex.state))
       else:
-        mean, own, payload, wire = parallel.exchange(compressor, xs[i], k, axis_name, need_own=use_ef)
+        mean, own, payload, wire, enc_metrics = parallel.exchange_with_metrics(
+            compressor, xs[i], k, axis_name, need_own=use_ef
+        )
         new_inner.append(inners[i])
       if nonfinite == "propagate":
         mean = jnp.where(any_bad[i], jnp.full_like(mean, jnp.nan), mean)
@@ -255,7 +265,7 @@ def compress(
           jnp.asarray(enc, jnp.int32) if enc is not None else jnp.int32(wire)
       )
       m["nonfinite_tensors"] = m["nonfinite_tensors"] + bad[i].astype(jnp.int32)
-      for name, value in compressor.extra_metrics(payload, g.shape).items():
+      for name, value in {**enc_metrics, **compressor.extra_metrics(payload, g.shape)}.items():
         m[name] = m[name] + jnp.asarray(value, jnp.int32)
     static["bytes_on_wire"] = static["compressed_bytes_on_wire"] + static["float_bytes"]
     for name in ("bytes_on_wire", "float32_bytes", "compressed_bytes_on_wire",
@@ -281,13 +291,15 @@ def _from_masked(x: Any) -> Any:
   return None if isinstance(x, optax.MaskedNode) else x
 
 
-def pmean(axis_name: parallel.AxisName = None) -> optax.GradientTransformationExtraArgs:
+def pmean(axis_name: parallel.AxisName = None, **kwargs: Any) -> optax.GradientTransformationExtraArgs:
   """The uncompressed float baseline: averages gradients with ``lax.pmean``.
 
   Records the same metrics as the compressed transforms (``bytes_on_wire`` is
   the bytes of the gradients as given to ``pmean``), so runs compare directly.
+  ``**kwargs`` are accepted for a uniform interface (``seed``, ``skip``,
+  ``min_size`` change nothing here: every tensor is sent in float).
   """
-  return compress(None, axis_name=axis_name)
+  return compress(None, axis_name=axis_name, **kwargs)
 
 
 def skip_by_path(predicate: Callable[[str], bool]) -> Callable[[Any], Any]:

@@ -1,0 +1,102 @@
+"""Defaults shared by every experiment config.
+
+Each experiment config (one per paper experiment, see ``../shared/EXPERIMENTS.md``
+and ``docs/results.md``) starts from :func:`base_config` and sets the paper's
+settings. Every key is documented here; ``experiments/train.py`` validates the
+whole config before anything is compiled, and ml_collections rejects overrides
+of keys that do not exist (``--config.no_such_key=1`` is an error).
+"""
+
+from __future__ import annotations
+
+import ml_collections
+from ml_collections import config_dict
+
+
+def parse_arg(arg: str | None, allowed: tuple[str, ...]) -> dict[str, str]:
+  """Parses a config argument, big_vision style (``configs/x.py:ARG``).
+
+  ``"runlocal,optimizer=sgd"`` -> ``{"runlocal": "", "optimizer": "sgd"}``.
+
+  Raises:
+    ValueError: for a key not in ``allowed``.
+  """
+  out = {}
+  for part in (arg or "").split(","):
+    part = part.strip()
+    if not part:
+      continue
+    k, _, v = part.partition("=")
+    out[k.strip()] = v.strip()
+  unknown = sorted(set(out) - set(allowed))
+  if unknown:
+    raise ValueError(f"Unknown config argument(s) {unknown}; this config accepts {list(allowed)}.")
+  return out
+
+
+def base_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.experiment = ""  # experiment id of EXPERIMENTS.md (e.g. "TG-F3"), for reports
+  c.seed = 0  # parameters, data order, augmentation and compression keys all derive from it
+
+  # -- data (jaxcomp.data) --
+  c.dataset = "mnist5k"  # see jaxcomp.data.DATASETS
+  c.data_dir = config_dict.placeholder(str)  # TFDS data dir (default $TFDS_DATA_DIR)
+  c.augment = config_dict.placeholder(str)  # None, "cifarnet", "cifar_resnet", "imagenet"
+  c.image_size = config_dict.placeholder(int)  # e.g. 32 to pad 28x28 images for CIFAR models
+  c.channels = config_dict.placeholder(int)  # 3 repeats a grey channel
+  c.eval_batch_size = 1000
+
+  # -- model (jaxcomp.models) --
+  c.model = "lenet"
+  c.model_kwargs = ml_collections.ConfigDict()
+
+  # -- data parallelism --
+  c.workers = 8  # N simulated/real workers, laid over the available devices (vmap inside each)
+  c.batch_size = 64  # the TOTAL batch per step over all workers (each worker: batch_size / workers)
+  c.max_devices = 0  # use at most this many local devices (0: all); workers are vmapped within each
+
+  # -- optimisation --
+  c.optimizer = "momentum"  # "sgd", "momentum", "adam", "adagrad"
+  c.learning_rate = 0.01  # base learning rate
+  c.momentum = 0.9
+  c.adam_b1 = 0.9
+  c.adam_b2 = 0.999
+  c.adam_eps = 1e-8
+  c.adagrad_init = 0.1  # AdaGrad's initial accumulator
+  c.adagrad_eps = 1e-7
+  c.lr_schedule = "polynomial"  # "constant", "polynomial", "staircase", "cosine"
+  c.lr_power = 0.5  # polynomial: lr = base * (1 - t/T)^power, down to lr_end
+  c.lr_end = 0.0  # polynomial/cosine end value
+  c.lr_decay_rate = 0.1  # staircase: lr = base * rate^floor(t / lr_decay_steps)
+  c.lr_decay_steps = 0
+  c.lr_warmup_steps = 0
+  c.lr_scale_with_workers = False  # linear scaling: base lr *= workers (Goyal et al.; 3LC §4.3)
+  c.weight_decay = 5e-4
+  # "loss": L2 term 0.5*wd*||w||^2 in every worker's loss, so wd*w is part of the
+  # compressed gradient, as in the papers' Caffe/TensorFlow code.
+  # "decoupled": optax.add_decayed_weights after the exchange (not communicated).
+  c.weight_decay_mode = "loss"
+  c.num_train_steps = 10_000
+
+  # -- compression (jaxcomp.compressors) --
+  c.compressor = "terngrad"  # a jaxcomp.names() entry; "none" is the float32 pmean baseline
+  c.compressor_kwargs = ml_collections.ConfigDict()
+  c.skip_last_layer = False  # keep the 'logits' layer's gradients in float (TernGrad §4.2)
+  c.skip_batch_norm = True  # keep batch-norm gradients in float (3LC §4.2)
+  c.min_size = 0  # tensors with fewer elements stay in float (QSGD §5: 10K)
+  # Batch-norm running statistics, computed per worker: "mean" averages them
+  # across workers each step (a float pmean, counted as bn_stats_bytes);
+  # "worker0" keeps worker 0's, as 3LC §4.3 lets one worker update them.
+  c.batch_norm_stats = "mean"
+
+  # -- evaluation --
+  c.ema_decay = 0.0  # > 0: keep an EMA of the parameters (TernGrad §4: 0.9999)
+  c.eval_with_ema = False  # evaluate the EMA instead of the raw parameters
+
+  # -- logging / checkpoints --
+  c.log_every = 50
+  c.eval_every = 1000  # 0: only at the end
+  c.checkpoint_every = 0  # 0: no checkpoints
+  c.progress = True  # a progress bar on stderr
+  return c

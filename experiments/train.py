@@ -1,0 +1,506 @@
+r"""Data-parallel training with compressed gradient exchange.
+
+Usage::
+
+  python -m experiments.train --config configs/terngrad_lenet.py --workdir /tmp/run
+  python -m experiments.train --config configs/terngrad_lenet.py:runlocal --workdir /tmp/run \
+      --config.workers=8 --config.num_train_steps=200 --config.compressor=none
+
+``train_and_evaluate(config, workdir)`` is importable (the Flax examples' layout).
+
+How a step runs. ``config.workers`` workers are laid over the available
+devices: ``D`` devices (the largest divisor of N not above the device count)
+each hold ``N / D`` workers, simulated with ``vmap`` inside a ``shard_map``
+over the device mesh. Every worker computes gradients on its own
+``batch_size / N`` examples; the compression transform (first link of the
+optax chain) quantizes them, moves the packed codes with ``lax.all_gather``
+over the axes ``("devices", "workers")`` and returns the average, so the
+parameters and the optimizer state stay identical on every worker ("parameter
+localization", TernGrad §3.1) and are stored once; only the compressors'
+worker-local state (error-feedback residuals) has a worker axis.
+
+Outputs in ``workdir``:
+
+* ``metrics.csv``: one row per logged training interval (``split=train``:
+  means over the interval) and per evaluation (``split=test``); the columns
+  are documented in :data:`CSV_DOC`.
+* ``summary.json``: config, final test accuracy, bytes on the wire, timing.
+* ``config.json``: the resolved config.
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import json
+import math
+import os
+import sys
+import time
+from typing import Any, Iterator, NamedTuple, Optional
+
+from absl import app
+from absl import flags
+from absl import logging
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+import ml_collections
+from ml_collections import config_flags
+import numpy as np
+import optax
+
+import jaxcomp
+from jaxcomp import data as data_lib
+from jaxcomp import models as models_lib
+from jaxcomp import parallel
+
+AXES = ("devices", "workers")
+
+CSV_DOC = {
+    "step": "training step after which the row was written (1-based)",
+    "split": "train (means over the steps since the last train row) or test",
+    "loss": "cross-entropy (train: mean over workers and steps; test: over the test set)",
+    "accuracy": "top-1 accuracy in [0, 1]",
+    "learning_rate": "learning rate of the last step",
+    "bytes_on_wire": "bytes one worker handed to collectives per step (jaxcomp.metrics)",
+    "float32_bytes": "the same gradients as float32",
+    "compression_ratio": "float32_bytes / bytes_on_wire",
+    "encoded_bytes": "as bytes_on_wire, with exact variable-length encoding sizes",
+    "bn_stats_bytes": "bytes of batch-norm statistics exchanged per step",
+    "steps_per_sec": "training steps per second over the interval (wall clock)",
+    "wall_time": "seconds since training started",
+}
+
+
+class TrainState(NamedTuple):
+  step: jax.Array
+  params: Any
+  batch_stats: Any
+  opt_state: Any
+  ema_params: Any
+
+
+# ----------------------------------------------------------------------------
+# Configuration checks (before anything is compiled).
+
+OPTIMIZERS = ("sgd", "momentum", "adam", "adagrad")
+SCHEDULES = ("constant", "polynomial", "staircase", "cosine")
+
+
+def num_devices_for(workers: int, available: int) -> int:
+  """The largest divisor of ``workers`` that is at most ``available``."""
+  return max(d for d in range(1, min(workers, available) + 1) if workers % d == 0)
+
+
+def validate_config(config: ml_collections.ConfigDict) -> None:
+  """Raises a clear error for a config that cannot run, before any compile."""
+
+  def bad(msg):
+    raise ValueError(f"Bad config: {msg}")
+
+  if not isinstance(config.workers, int) or config.workers < 1:
+    bad(f"workers must be a positive integer, got {config.workers!r}.")
+  if config.batch_size < 1 or config.batch_size % config.workers:
+    bad(f"batch_size={config.batch_size} (the total over workers) must be a positive multiple "
+        f"of workers={config.workers}.")
+  if config.batch_size % jax.process_count():
+    bad(f"batch_size={config.batch_size} must divide over {jax.process_count()} processes.")
+  if config.dataset not in data_lib.DATASETS:
+    bad(f"unknown dataset {config.dataset!r}; known: {', '.join(sorted(data_lib.DATASETS))}.")
+  if config.model not in models_lib.MODELS:
+    bad(f"unknown model {config.model!r}; known: {', '.join(models_lib.MODELS)}.")
+  if config.compressor not in jaxcomp.names():
+    bad(f"unknown compressor {config.compressor!r}; known: {', '.join(jaxcomp.names())}.")
+  if config.optimizer not in OPTIMIZERS:
+    bad(f"unknown optimizer {config.optimizer!r}; known: {', '.join(OPTIMIZERS)}.")
+  if config.lr_schedule not in SCHEDULES:
+    bad(f"unknown lr_schedule {config.lr_schedule!r}; known: {', '.join(SCHEDULES)}.")
+  if config.lr_schedule == "staircase" and config.lr_decay_steps <= 0:
+    bad("lr_schedule='staircase' needs lr_decay_steps > 0.")
+  if config.weight_decay_mode not in ("loss", "decoupled"):
+    bad(f"weight_decay_mode must be 'loss' or 'decoupled', got {config.weight_decay_mode!r}.")
+  if config.batch_norm_stats not in ("mean", "worker0"):
+    bad(f"batch_norm_stats must be 'mean' or 'worker0', got {config.batch_norm_stats!r}.")
+  if config.num_train_steps < 1:
+    bad(f"num_train_steps must be >= 1, got {config.num_train_steps}.")
+  if not 0.0 <= config.ema_decay < 1.0:
+    bad(f"ema_decay must be in [0, 1), got {config.ema_decay}.")
+  if config.eval_with_ema and config.ema_decay == 0.0:
+    bad("eval_with_ema needs ema_decay > 0.")
+  if config.max_devices < 0:
+    bad(f"max_devices must be >= 0 (0: all), got {config.max_devices}.")
+  if config.log_every < 1:
+    bad(f"log_every must be >= 1, got {config.log_every}.")
+
+
+# ----------------------------------------------------------------------------
+# Optimizer.
+
+
+def make_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
+  base = config.learning_rate * (config.workers if config.lr_scale_with_workers else 1)
+  steps = config.num_train_steps - config.lr_warmup_steps
+  if config.lr_schedule == "constant":
+    sched = optax.constant_schedule(base)
+  elif config.lr_schedule == "polynomial":
+    sched = optax.polynomial_schedule(base, config.lr_end, config.lr_power, max(steps, 1))
+  elif config.lr_schedule == "staircase":
+    sched = optax.exponential_decay(base, config.lr_decay_steps, config.lr_decay_rate, staircase=True)
+  else:  # cosine
+    sched = optax.cosine_decay_schedule(base, max(steps, 1), alpha=config.lr_end / base if base else 0.0)
+  if config.lr_warmup_steps:
+    warm = optax.linear_schedule(0.0, base, config.lr_warmup_steps)
+    sched = optax.join_schedules([warm, sched], [config.lr_warmup_steps])
+  return sched
+
+
+def make_base_optimizer(config: ml_collections.ConfigDict, schedule: optax.Schedule):
+  if config.optimizer == "sgd":
+    opt = optax.sgd(schedule)
+  elif config.optimizer == "momentum":
+    opt = optax.sgd(schedule, momentum=config.momentum)
+  elif config.optimizer == "adam":
+    opt = optax.adam(schedule, b1=config.adam_b1, b2=config.adam_b2, eps=config.adam_eps)
+  else:
+    opt = optax.adagrad(schedule, initial_accumulator_value=config.adagrad_init, eps=config.adagrad_eps)
+  if config.weight_decay and config.weight_decay_mode == "decoupled":
+    opt = optax.chain(optax.add_decayed_weights(config.weight_decay), opt)
+  return opt
+
+
+def make_skip(config: ml_collections.ConfigDict):
+  last, bn = config.skip_last_layer, config.skip_batch_norm
+
+  def predicate(path: str) -> bool:
+    return (last and models_lib.is_last_layer(path)) or (bn and models_lib.is_batch_norm(path))
+
+  return jaxcomp.skip_by_path(predicate) if (last or bn) else None
+
+
+def make_tx(config: ml_collections.ConfigDict, axis_name) -> optax.GradientTransformation:
+  kwargs = dict(config.compressor_kwargs.to_dict())
+  kwargs.setdefault("seed", config.seed)
+  if config.compressor != "none":
+    kwargs.setdefault("skip", make_skip(config))
+    kwargs.setdefault("min_size", config.min_size)
+  return jaxcomp.make_optimizer(
+      config.compressor, make_base_optimizer(config, make_schedule(config)),
+      axis_name=axis_name, **kwargs)
+
+
+# ----------------------------------------------------------------------------
+# The step.
+
+
+def cross_entropy(logits, labels, num_classes):
+  return optax.softmax_cross_entropy(logits, jax.nn.one_hot(labels, num_classes))
+
+
+def ema_decay_at(step, decay):
+  """TensorFlow's ExponentialMovingAverage with num_updates: min(decay, (1+t)/(10+t)).
+
+  TernGrad's TensorFlow code keeps its 0.9999 average this way, so early
+  parameters do not dominate the average of a short run.
+  """
+  t = step.astype(jnp.float32)
+  return jnp.minimum(decay, (1.0 + t) / (10.0 + t))
+
+
+def make_train_step(config, model, tx, mesh, opt_state_template, num_classes, bn_template):
+  """Returns a jitted ``step(state, images[N,b,...], labels[N,b], key) -> (state, metrics)``.
+
+  ``bn_template`` is the model's ``batch_stats`` (empty for models without
+  batch norm).
+  """
+  has_bn = bool(jax.tree.leaves(bn_template))
+  wd = config.weight_decay if config.weight_decay_mode == "loss" else 0.0
+  axes = parallel.worker_axes(opt_state_template)
+  specs = parallel.worker_specs(opt_state_template, "devices")
+
+  def worker(params, batch_stats, opt_state, images, labels, key):
+    widx = parallel.axis_index(AXES)
+    key = jax.random.fold_in(key, widx)
+
+    def loss_fn(p):
+      variables = {"params": p}
+      if has_bn:
+        variables["batch_stats"] = batch_stats
+        logits, new_vars = model.apply(variables, images, train=True, mutable=["batch_stats"],
+                                       rngs={"dropout": key})
+      else:
+        logits = model.apply(variables, images, train=True, rngs={"dropout": key})
+        new_vars = {}
+      loss = jnp.mean(cross_entropy(logits, labels, num_classes))
+      total = loss
+      if wd:
+        total = total + 0.5 * wd * sum(jnp.sum(jnp.square(x)) for x in jax.tree.leaves(p))
+      return total, (loss, logits, new_vars)
+
+    grads, (loss, logits, new_vars) = jax.grad(loss_fn, has_aux=True)(params)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    params = optax.apply_updates(params, updates)
+    if has_bn:
+      if config.batch_norm_stats == "mean":
+        batch_stats = parallel.pmean(new_vars["batch_stats"], AXES)
+      else:
+        batch_stats = jax.tree.map(lambda a: a[0], parallel.all_gather(new_vars["batch_stats"], AXES))
+    acc = jnp.mean(jnp.argmax(logits, -1) == labels)
+    return params, batch_stats, opt_state, {"loss": loss, "accuracy": acc}
+
+  vworker = jax.vmap(worker, in_axes=(None, None, axes, 0, 0, None),
+                     out_axes=(None, None, axes, 0), axis_name="workers")
+  sharded = jax.shard_map(
+      vworker, mesh=mesh,
+      in_specs=(P(), P(), specs, P("devices"), P("devices"), P()),
+      out_specs=(P(), P(), specs, P("devices")),
+      check_vma=False,  # collectives over the inner vmap axis (see jaxcomp.parallel)
+  )
+  bn_bytes = jaxcomp.core.tree_nbytes(bn_template)
+
+  @jax.jit
+  def step(state: TrainState, images, labels, key):
+    params, batch_stats, opt_state, m = sharded(
+        state.params, state.batch_stats, state.opt_state, images, labels, key)
+    ema = state.ema_params
+    if config.ema_decay > 0:
+      d = ema_decay_at(state.step, config.ema_decay)
+      ema = jax.tree.map(lambda e, p: d * e + (1.0 - d) * p, ema, params)
+    new_state = TrainState(state.step + 1, params, batch_stats, opt_state, ema)
+    metrics = {k: jnp.mean(v) for k, v in m.items()}
+    metrics.update(jaxcomp.metrics(opt_state))
+    metrics["bn_stats_bytes"] = jnp.float32(bn_bytes)
+    return new_state, metrics
+
+  return step
+
+
+def make_eval_step(model, num_classes, has_bn):
+  @jax.jit
+  def eval_step(params, batch_stats, images, labels, mask):
+    variables = {"params": params}
+    if has_bn:
+      variables["batch_stats"] = batch_stats
+    logits = model.apply(variables, images, train=False)
+    loss = cross_entropy(logits, labels, num_classes)
+    correct = jnp.argmax(logits, -1) == labels
+    m = mask.astype(jnp.float32)
+    return {"loss": jnp.sum(loss * m), "correct": jnp.sum(correct * m), "count": jnp.sum(m)}
+
+  return eval_step
+
+
+def evaluate(eval_step, params, batch_stats, pipeline) -> dict[str, float]:
+  totals = {"loss": 0.0, "correct": 0.0, "count": 0.0}
+  for batch in pipeline.reset():
+    out = jax.device_get(eval_step(params, batch_stats, batch["image"], batch["label"], batch["mask"]))
+    for k in totals:
+      totals[k] += float(out[k])
+  n = max(totals["count"], 1.0)
+  return {"loss": totals["loss"] / n, "accuracy": totals["correct"] / n, "count": totals["count"]}
+
+
+# ----------------------------------------------------------------------------
+# The loop.
+
+
+class _CsvWriter:
+
+  def __init__(self, path: str, columns: list[str]):
+    self.columns = columns
+    new = not os.path.exists(path)
+    self._f = open(path, "a", newline="")
+    self._w = csv.DictWriter(self._f, fieldnames=columns, extrasaction="ignore")
+    if new:
+      self._w.writeheader()
+
+  def write(self, row: dict[str, Any]) -> None:
+    self._w.writerow({k: _fmt(v) for k, v in row.items()})
+    self._f.flush()
+
+  def close(self):
+    self._f.close()
+
+
+def _fmt(v):
+  if isinstance(v, float):
+    return f"{v:.6g}" if not v.is_integer() or abs(v) >= 1e15 else str(int(v))
+  return v
+
+
+def _progress(total: int, enabled: bool, desc: str):
+  if not enabled:
+    return None
+  try:
+    from tqdm import tqdm
+  except ImportError:  # pragma: no cover
+    return None
+  return tqdm(total=total, desc=desc, unit="step", dynamic_ncols=True, file=sys.stderr, leave=True)
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  """Trains ``config.model`` on ``config.dataset`` and evaluates it; returns the summary."""
+  config = ml_collections.ConfigDict(config)  # a private, unlocked copy
+  validate_config(config)
+  os.makedirs(workdir, exist_ok=True)
+  with open(os.path.join(workdir, "config.json"), "w") as f:
+    f.write(config.to_json(indent=2))
+
+  n_workers = config.workers
+  available = jax.local_device_count()
+  if config.max_devices:
+    available = min(available, config.max_devices)
+  n_dev = num_devices_for(n_workers, available)
+  mesh = jax.make_mesh((n_dev,), ("devices",), axis_types=(jax.sharding.AxisType.Auto,),
+                       devices=jax.local_devices()[:n_dev])
+  spec = data_lib.get_spec(config.dataset)
+  num_classes = spec.num_classes
+
+  pipe_kw = dict(seed=config.seed, augment=config.augment, data_dir=config.data_dir,
+                 image_size=config.image_size, channels=config.channels,
+                 process_index=jax.process_index(), process_count=jax.process_count())
+  train_iter = data_lib.make_pipeline(config.dataset, "train", global_batch_size=config.batch_size,
+                                      train=True, **pipe_kw)
+  eval_bs = min(config.eval_batch_size, spec.num_examples("test"))
+  eval_iter = data_lib.make_pipeline(config.dataset, "test", global_batch_size=eval_bs,
+                                     train=False, **pipe_kw)
+  image_shape = tuple(train_iter.image_shape)
+
+  model = models_lib.get_model(config.model, num_classes, **config.model_kwargs.to_dict())
+  root = jax.random.PRNGKey(config.seed)
+  init_key, step_root = jax.random.split(root)
+  variables = model.init({"params": init_key, "dropout": init_key},
+                         jnp.zeros((1,) + image_shape, jnp.float32), train=False)
+  params = variables["params"]
+  batch_stats = variables.get("batch_stats", {})
+  has_bn = bool(jax.tree.leaves(batch_stats))
+
+  tx = make_tx(config, AXES)
+  opt_state = parallel.replicate_workers(tx.init(params), n_workers)
+  ema = params if config.ema_decay > 0 else {}
+  state = TrainState(jnp.zeros((), jnp.int32), params, batch_stats, opt_state, ema)
+  repl = NamedSharding(mesh, P())
+  state_shardings = TrainState(
+      repl, jax.tree.map(lambda _: repl, params), jax.tree.map(lambda _: repl, batch_stats),
+      jax.tree.map(lambda s: NamedSharding(mesh, s), parallel.worker_specs(opt_state, "devices")),
+      jax.tree.map(lambda _: repl, ema))
+  state = jax.device_put(state, state_shardings)
+  data_sharding = NamedSharding(mesh, P("devices"))
+
+  train_step = make_train_step(config, model, tx, mesh, opt_state, num_classes, batch_stats)
+  eval_step = make_eval_step(model, num_classes, has_bn)
+  schedule = make_schedule(config)
+
+  n_params = models_lib.param_count(params)
+  logging.info("model %s: %s parameters; dataset %s (%s train / %s test examples); "
+               "%d workers on %d device(s), %d examples per worker per step; compressor %s %s",
+               config.model, f"{n_params:,}", config.dataset, spec.num_examples("train"),
+               spec.num_examples("test"), n_workers, n_dev, config.batch_size // n_workers,
+               config.compressor, config.compressor_kwargs.to_dict())
+
+  columns = list(CSV_DOC)
+  extra = [k for k in jaxcomp.metrics(opt_state) if k not in columns]
+  writer = _CsvWriter(os.path.join(workdir, "metrics.csv"), columns + extra)
+  bar = _progress(config.num_train_steps, config.progress,
+                  f"{config.model}/{config.compressor}/N={n_workers}")
+
+  def shard_batch(batch):
+    b = config.batch_size // n_workers
+    img = batch["image"].reshape((n_workers // jax.process_count(), b) + image_shape)
+    lab = batch["label"].reshape((n_workers // jax.process_count(), b))
+    return (jax.make_array_from_process_local_data(data_sharding, img),
+            jax.make_array_from_process_local_data(data_sharding, lab))
+
+  def eval_params(s: TrainState):
+    return s.ema_params if config.eval_with_ema else s.params
+
+  t_start = time.time()
+  t_interval = t_start
+  pending: list[dict[str, jax.Array]] = []
+  last_eval: dict[str, float] = {}
+  history = []
+  step = 0
+  for step in range(1, config.num_train_steps + 1):
+    images, labels = shard_batch(next(train_iter))
+    state, m = train_step(state, images, labels, jax.random.fold_in(step_root, step))
+    pending.append(m)
+    if step % config.log_every == 0 or step == config.num_train_steps:
+      fetched = jax.device_get(pending)
+      now = time.time()
+      row = {k: float(np.mean([f[k] for f in fetched])) for k in fetched[0]}
+      row.update(step=step, split="train", learning_rate=float(schedule(step - 1)),
+                 steps_per_sec=len(fetched) / max(now - t_interval, 1e-9), wall_time=now - t_start)
+      if not math.isfinite(row["loss"]):
+        logging.warning("step %d: the training loss is %s", step, row["loss"])
+      writer.write(row)
+      history.append(row)
+      pending, t_interval = [], now
+      if bar is not None:
+        bar.set_postfix(loss=f"{row['loss']:.4f}", acc=f"{row['accuracy']:.3f}",
+                        wire=f"{row['bytes_on_wire'] / 1e3:.1f}kB")
+    if bar is not None:
+      bar.update(1)
+    if (config.eval_every and step % config.eval_every == 0) or step == config.num_train_steps:
+      res = evaluate(eval_step, eval_params(state), state.batch_stats, eval_iter)
+      last_eval = dict(res, step=step)
+      writer.write({"step": step, "split": "test", "loss": res["loss"], "accuracy": res["accuracy"],
+                    "wall_time": time.time() - t_start})
+      logging.info("step %d: test accuracy %.4f, test loss %.4f", step, res["accuracy"], res["loss"])
+  if bar is not None:
+    bar.close()
+  writer.close()
+  total_time = time.time() - t_start
+  last_train = history[-1] if history else {}
+  summary = {
+      "experiment": config.experiment,
+      "dataset": config.dataset,
+      "model": config.model,
+      "compressor": config.compressor,
+      "compressor_kwargs": config.compressor_kwargs.to_dict(),
+      "workers": n_workers,
+      "devices": n_dev,
+      "batch_size": config.batch_size,
+      "optimizer": config.optimizer,
+      "steps": step,
+      "seed": config.seed,
+      "parameters": n_params,
+      "test_accuracy": last_eval.get("accuracy"),
+      "test_loss": last_eval.get("loss"),
+      "test_examples": last_eval.get("count"),
+      "evaluated": "ema" if config.eval_with_ema else "params",
+      "bytes_on_wire": last_train.get("bytes_on_wire"),
+      "float32_bytes": last_train.get("float32_bytes"),
+      "compression_ratio": last_train.get("compression_ratio"),
+      "compressed_ratio": last_train.get("compressed_ratio"),
+      "float_bytes": last_train.get("float_bytes"),
+      "encoded_bytes": last_train.get("encoded_bytes"),
+      "mean_bytes_on_wire": float(np.mean([h["bytes_on_wire"] for h in history])) if history else None,
+      "final_train_loss": last_train.get("loss"),
+      "wall_time_sec": total_time,
+      "steps_per_sec": step / total_time if total_time else None,
+      "jax_version": jax.__version__,
+      "backend": jax.default_backend(),
+  }
+  with open(os.path.join(workdir, "summary.json"), "w") as f:
+    json.dump(summary, f, indent=2)
+  logging.info("done: %s", json.dumps({k: summary[k] for k in
+                                       ("test_accuracy", "bytes_on_wire", "compression_ratio",
+                                        "wall_time_sec")}))
+  return summary
+
+
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError("Too many command-line arguments.")
+  train_and_evaluate(FLAGS.config, FLAGS.workdir)
+
+
+if __name__ == "__main__":
+  flags.DEFINE_string("workdir", None, "Directory for metrics, checkpoints and the summary.")
+  config_flags.DEFINE_config_file("config", None, "Experiment config file.", lock_config=True)
+  flags.mark_flags_as_required(["config", "workdir"])
+  app.run(main)
