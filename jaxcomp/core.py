@@ -93,6 +93,19 @@ class Compressor:
   def decode(self, payload: Payload, shape: Shape) -> jax.Array:
     raise NotImplementedError
 
+  def encode_with_metrics(
+      self, x: jax.Array, key: jax.Array, agreed: Optional[Any]
+  ) -> tuple[Payload, dict[str, jax.Array]]:
+    """:meth:`encode`, plus counters only the encoder knows.
+
+    Some counters cannot be read off the payload, e.g. how many selected
+    entries did not fit into a fixed capacity. A compressor that reports such
+    counters overrides this method (and lists the names in ``metric_keys``);
+    the counters stay on this worker and never cross the wire. The default
+    returns ``encode(x, key, agreed)`` and no counters.
+    """
+    return self.encode(x, key, agreed), {}
+
   def aggregate(self, gathered: Payload, shape: Shape) -> jax.Array:
     """The mean of all workers' decoded tensors.
 
@@ -149,6 +162,7 @@ class Exchanged(NamedTuple):
   payload: Payload  # this worker's message, for encoded_bytes / extra_metrics
   wire_bytes: int  # static bytes this worker handed to collectives
   state: Any  # the new per-tensor state
+  metrics: Optional[dict[str, jax.Array]] = None  # counters as encode_with_metrics returns them
 
 
 class WorkerLocal(NamedTuple):

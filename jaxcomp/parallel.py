@@ -116,6 +116,9 @@ def exchange(
 ) -> tuple[jax.Array, Optional[jax.Array], core.Payload, int]:
   """Compresses ``x`` on every worker and returns the mean of all workers.
 
+  See :func:`exchange_with_metrics`, which also returns the encoder's
+  counters.
+
   Args:
     compressor: the per-tensor compressor.
     x: this worker's tensor, float32.
@@ -130,20 +133,37 @@ def exchange(
     payload, and the static number of bytes this worker handed to collectives
     (payload plus agreement).
   """
+  mean, own, payload, wire, _ = exchange_with_metrics(compressor, x, key, axis_name, need_own=need_own)
+  return mean, own, payload, wire
+
+
+def exchange_with_metrics(
+    compressor: core.Compressor,
+    x: jax.Array,
+    key: jax.Array,
+    axis_name: AxisName,
+    *,
+    need_own: bool = False,
+) -> tuple[jax.Array, Optional[jax.Array], core.Payload, int, dict[str, jax.Array]]:
+  """:func:`exchange`, plus the counters of :meth:`Compressor.encode_with_metrics`.
+
+  Returns:
+    ``(mean, own, payload, wire_bytes, metrics)``.
+  """
   shape = x.shape
   agreed = compressor.agree(x)
   agreement_bytes = 0
   if agreed is not None:
     agreement_bytes = core.tree_nbytes(agreed) if _names(axis_name) else 0
     agreed = pmax(agreed, axis_name)
-  payload = compressor.encode(x, key, agreed)
+  payload, metrics = compressor.encode_with_metrics(x, key, agreed)
   wire = core.tree_nbytes(payload) + agreement_bytes
   own = compressor.decode(payload, shape) if need_own or not _names(axis_name) else None
   if not _names(axis_name):
-    return own, (own if need_own else None), payload, wire
+    return own, (own if need_own else None), payload, wire, metrics
   gathered = all_gather(payload, axis_name)
   mean = compressor.aggregate(gathered, shape)
-  return mean, own, payload, wire
+  return mean, own, payload, wire, metrics
 
 
 # -- laying optimizer states over workers -----------------------------------

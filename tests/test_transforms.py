@@ -172,3 +172,44 @@ def test_make_optimizer_chains():
   upd, st = opt.update({"w": jnp.ones(8)}, opt.init(params), params)
   np.testing.assert_allclose(upd["w"], -0.1)
   assert float(jaxcomp.metrics(st)["bytes_on_wire"]) == 2 + 4
+
+
+@dataclasses.dataclass(frozen=True)
+class _Clip(core.Compressor):
+  """Sends int8 codes of x clipped to [-1, 1]; reports how many entries were clipped."""
+
+  name = "clip_test"
+  metric_keys = ("clipped",)
+
+  def encode_with_metrics(self, x, key, agreed):
+    codes = jnp.round(jnp.clip(x, -1, 1)).astype(jnp.int8).reshape(-1)
+    return _RoundPayload(codes, jnp.float32(1)), {"clipped": jnp.sum(jnp.abs(x) > 1)}
+
+  def encode(self, x, key, agreed):
+    return self.encode_with_metrics(x, key, agreed)[0]
+
+  def decode(self, p, shape):
+    return (p.codes.astype(jnp.float32) * p.scale).reshape(shape)
+
+
+def test_encoder_metrics_stay_local_and_are_summed():
+  """encode_with_metrics: counters reach the metrics, never the wire."""
+  N = 2
+  tx = jaxcomp.compress(_Clip(), axis_name="w")
+  state = parallel.replicate_workers(tx.init({"a": jnp.zeros(4), "b": jnp.zeros(3)}), N)
+  g = {"a": jnp.array([[0.0, 2, -3, 1], [5.0, 0, 0, 0]]), "b": jnp.array([[9.0, 0, 0], [0.0, 0, 0]])}
+  upd, st = _vmap_update(tx, g, state)
+  np.testing.assert_array_equal(st.local.metrics["clipped"], [3, 1])  # per worker, summed over tensors
+  m = jaxcomp.metrics(st)
+  assert float(m["clipped"]) == 2.0  # mean over workers
+  assert float(m["bytes_on_wire"]) == (4 + 4) + (3 + 4) + 2  # payloads + one flag byte per tensor
+  np.testing.assert_allclose(upd["a"], [0.5, 0.5, -0.5, 0.5])
+
+
+def test_init_records_reference_sizes():
+  """Before any update: the static reference sizes are known, no byte was sent."""
+  params = {"a": jnp.zeros((10,)), "small": jnp.zeros((3,))}
+  m = jaxcomp.metrics(jaxcomp.compress(Round(), min_size=5).init(params))
+  assert float(m["float32_bytes"]) == 4 * 13
+  assert float(m["compressed_float32_bytes"]) == 4 * 10
+  assert float(m["bytes_on_wire"]) == 0 and float(m["encoded_bytes"]) == 0
