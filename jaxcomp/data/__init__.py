@@ -38,9 +38,11 @@ from jaxcomp.data.registry import load_arrays
 from jaxcomp.data.pipeline import Pipeline
 from jaxcomp.data.pipeline import make_pipeline
 from jaxcomp.data.pipeline import output_image_shape
+from jaxcomp.data.tfds_sources import prepare_fashion_mnist_debian
 
 __all__ = [
     "AUGMENTATIONS", "DATASETS", "DatasetNotAvailableError", "DatasetSpec",
     "OFFLINE_DATASETS", "Pipeline", "SPLITS", "fashion_mnist_debian_available",
-    "get_spec", "load_arrays", "make_pipeline", "output_image_shape", "read_idx",
+    "get_spec", "load_arrays", "make_pipeline", "output_image_shape",
+    "prepare_fashion_mnist_debian", "read_idx",
 ]

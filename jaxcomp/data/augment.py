@@ -155,7 +155,8 @@ def make_preprocess_fn(cfg: PreprocessConfig, train: bool) -> Callable:
   ``image`` is a uint8 ``[H, W, C]`` tensor or an encoded (PNG/JPEG) scalar
   string; ``seed`` an int64 ``[2]`` tensor (stateless-op seed).
   """
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from jaxcomp.data import tfds_sources  # pylint: disable=g-import-not-at-top
+  tf = tfds_sources.import_tf()
 
   mean = tf.constant(cfg.mean, tf.float32)
   std = tf.constant(cfg.std, tf.float32)

@@ -36,9 +36,11 @@ A training stream is a pure function of ``(dataset, split, seed, step)``:
   records by ``(seed, p, e, block)``, and augments with ``(seed, p,
   position)``. tfds writes examples hash-shuffled across files, so each file
   is already a random sample of the split. Resuming skips whole files
-  without reading them and reads, but does not decode, at most one block of
-  records before the first yielded one. Here the stream depends on
-  ``process_count`` (changing it changes the data order).
+  without opening them; within the file that holds the resume point it reads
+  (but neither parses nor decodes) the records before it, i.e. at most one
+  file's worth (about 1,250 ImageNet images). Here the stream depends on
+  ``process_count`` (changing it changes the data order). tf.data iterator
+  checkpointing is not needed: ``start_step`` is the whole state.
 
 Evaluation streams go once through the split in order, pad the last global
 batch with copies of an example (the split's first, or for the file reader the

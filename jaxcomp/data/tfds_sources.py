@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import functools
 import os
-import pathlib
 from typing import Any
 
 import numpy as np
