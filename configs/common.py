@@ -97,6 +97,8 @@ def base_config() -> ml_collections.ConfigDict:
   # -- logging / checkpoints --
   c.log_every = 50
   c.eval_every = 1000  # 0: only at the end
-  c.checkpoint_every = 0  # 0: no checkpoints
+  c.checkpoint_every = 0  # 0: no checkpoints; else save (and resume from) workdir/checkpoints
+  c.checkpoint_keep = 2  # checkpoints kept
+  c.profile_steps = 0  # > 0: time this many extra steps at the end, split into compute and exchange
   c.progress = True  # a progress bar on stderr
   return c

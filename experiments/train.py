@@ -60,7 +60,8 @@ AXES = ("devices", "workers")
 
 CSV_DOC = {
     "step": "training step after which the row was written (1-based)",
-    "split": "train (means over the steps since the last train row) or test",
+    "split": "train (means over the steps since the previous train row; rows close every "
+             "log_every steps, at every checkpoint and at the end) or test",
     "loss": "cross-entropy (train: mean over workers and steps; test: over the test set)",
     "accuracy": "top-1 accuracy in [0, 1]",
     "learning_rate": "learning rate of the last step",
@@ -208,6 +209,31 @@ def ema_decay_at(step, decay):
   return jnp.minimum(decay, (1.0 + t) / (10.0 + t))
 
 
+def make_loss_fn(config, model, num_classes, has_bn):
+  """``loss_fn(params, batch_stats, images, labels, key) -> (total, (loss, logits, new_vars))``.
+
+  ``total`` adds the L2 term when ``weight_decay_mode == "loss"``.
+  """
+  wd = config.weight_decay if config.weight_decay_mode == "loss" else 0.0
+
+  def loss_fn(params, batch_stats, images, labels, key):
+    variables = {"params": params}
+    if has_bn:
+      variables["batch_stats"] = batch_stats
+      logits, new_vars = model.apply(variables, images, train=True, mutable=["batch_stats"],
+                                     rngs={"dropout": key})
+    else:
+      logits = model.apply(variables, images, train=True, rngs={"dropout": key})
+      new_vars = {}
+    loss = jnp.mean(cross_entropy(logits, labels, num_classes))
+    total = loss
+    if wd:
+      total = total + 0.5 * wd * sum(jnp.sum(jnp.square(x)) for x in jax.tree.leaves(params))
+    return total, (loss, logits, new_vars)
+
+  return loss_fn
+
+
 def make_train_step(config, model, tx, mesh, opt_state_template, num_classes, bn_template):
   """Returns a jitted ``step(state, images[N,b,...], labels[N,b], key) -> (state, metrics)``.
 
@@ -215,30 +241,14 @@ def make_train_step(config, model, tx, mesh, opt_state_template, num_classes, bn
   batch norm).
   """
   has_bn = bool(jax.tree.leaves(bn_template))
-  wd = config.weight_decay if config.weight_decay_mode == "loss" else 0.0
+  loss_fn = make_loss_fn(config, model, num_classes, has_bn)
   axes = parallel.worker_axes(opt_state_template)
   specs = parallel.worker_specs(opt_state_template, "devices")
 
   def worker(params, batch_stats, opt_state, images, labels, key):
-    widx = parallel.axis_index(AXES)
-    key = jax.random.fold_in(key, widx)
-
-    def loss_fn(p):
-      variables = {"params": p}
-      if has_bn:
-        variables["batch_stats"] = batch_stats
-        logits, new_vars = model.apply(variables, images, train=True, mutable=["batch_stats"],
-                                       rngs={"dropout": key})
-      else:
-        logits = model.apply(variables, images, train=True, rngs={"dropout": key})
-        new_vars = {}
-      loss = jnp.mean(cross_entropy(logits, labels, num_classes))
-      total = loss
-      if wd:
-        total = total + 0.5 * wd * sum(jnp.sum(jnp.square(x)) for x in jax.tree.leaves(p))
-      return total, (loss, logits, new_vars)
-
-    grads, (loss, logits, new_vars) = jax.grad(loss_fn, has_aux=True)(params)
+    key = jax.random.fold_in(key, parallel.axis_index(AXES))
+    grads, (loss, logits, new_vars) = jax.grad(loss_fn, has_aux=True)(
+        params, batch_stats, images, labels, key)
     updates, opt_state = tx.update(grads, opt_state, params)
     params = optax.apply_updates(params, updates)
     if has_bn:
@@ -339,8 +349,23 @@ def _progress(total: int, enabled: bool, desc: str):
   return tqdm(total=total, desc=desc, unit="step", dynamic_ncols=True, file=sys.stderr, leave=True)
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
-  """Trains ``config.model`` on ``config.dataset`` and evaluates it; returns the summary."""
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
+                       stop_after_steps: Optional[int] = None) -> dict[str, Any]:
+  """Trains ``config.model`` on ``config.dataset`` and evaluates it; returns the summary.
+
+  With ``config.checkpoint_every > 0`` the run saves checkpoints in
+  ``workdir/checkpoints`` (orbax) and resumes from the latest one when
+  started again with the same workdir: parameters, optimizer state with every
+  error-feedback residual and PRNG key, EMA, and the step, from which the data
+  stream and all randomness continue exactly (a resumed run ends bit-identical
+  to an uninterrupted one; ``tests/test_resume.py``).
+
+  Args:
+    config: the experiment config (see ``configs/common.py``).
+    workdir: output directory.
+    stop_after_steps: stop after this many steps of this invocation, as if the
+      process had been killed (for preemption tests); no final evaluation.
+  """
   config = ml_collections.ConfigDict(config)  # a private, unlocked copy
   validate_config(config)
   os.makedirs(workdir, exist_ok=True)
@@ -356,20 +381,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                        devices=jax.local_devices()[:n_dev])
   spec = data_lib.get_spec(config.dataset)
   num_classes = spec.num_classes
-
   pipe_kw = dict(seed=config.seed, augment=config.augment, data_dir=config.data_dir,
                  image_size=config.image_size, channels=config.channels,
                  process_index=jax.process_index(), process_count=jax.process_count())
-  train_iter = data_lib.make_pipeline(config.dataset, "train", global_batch_size=config.batch_size,
-                                      train=True, **pipe_kw)
-  eval_bs = min(config.eval_batch_size, spec.num_examples("test"))
-  eval_iter = data_lib.make_pipeline(config.dataset, "test", global_batch_size=eval_bs,
-                                     train=False, **pipe_kw)
-  image_shape = tuple(train_iter.image_shape)
+  image_shape = tuple(data_lib.output_image_shape(config.dataset, config.augment, config.image_size,
+                                                  config.channels))
 
   model = models_lib.get_model(config.model, num_classes, **config.model_kwargs.to_dict())
-  root = jax.random.PRNGKey(config.seed)
-  init_key, step_root = jax.random.split(root)
+  init_key, step_root = jax.random.split(jax.random.PRNGKey(config.seed))
   variables = model.init({"params": init_key, "dropout": init_key},
                          jnp.zeros((1,) + image_shape, jnp.float32), train=False)
   params = variables["params"]
@@ -379,13 +398,27 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   tx = make_tx(config, AXES)
   opt_state = parallel.replicate_workers(tx.init(params), n_workers)
   ema = params if config.ema_decay > 0 else {}
-  state = TrainState(jnp.zeros((), jnp.int32), params, batch_stats, opt_state, ema)
   repl = NamedSharding(mesh, P())
   state_shardings = TrainState(
       repl, jax.tree.map(lambda _: repl, params), jax.tree.map(lambda _: repl, batch_stats),
       jax.tree.map(lambda s: NamedSharding(mesh, s), parallel.worker_specs(opt_state, "devices")),
       jax.tree.map(lambda _: repl, ema))
-  state = jax.device_put(state, state_shardings)
+  state = jax.device_put(TrainState(jnp.zeros((), jnp.int32), params, batch_stats, opt_state, ema),
+                         state_shardings)
+
+  ckpt = _Checkpointer(os.path.join(workdir, "checkpoints"), config) if config.checkpoint_every else None
+  start_step = 0
+  if ckpt is not None and ckpt.latest_step() is not None:
+    state = ckpt.restore(state)
+    start_step = int(state.step)
+    logging.info("resumed from the checkpoint of step %d", start_step)
+  history = _resume_metrics(os.path.join(workdir, "metrics.csv"), start_step)
+
+  train_iter = data_lib.make_pipeline(config.dataset, "train", global_batch_size=config.batch_size,
+                                      train=True, start_step=start_step, **pipe_kw)
+  eval_bs = min(config.eval_batch_size, spec.num_examples("test"))
+  eval_iter = data_lib.make_pipeline(config.dataset, "test", global_batch_size=eval_bs,
+                                     train=False, **pipe_kw)
   data_sharding = NamedSharding(mesh, P("devices"))
 
   train_step = make_train_step(config, model, tx, mesh, opt_state, num_classes, batch_stats)
@@ -404,6 +437,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   writer = _CsvWriter(os.path.join(workdir, "metrics.csv"), columns + extra)
   bar = _progress(config.num_train_steps, config.progress,
                   f"{config.model}/{config.compressor}/N={n_workers}")
+  if bar is not None and start_step:
+    bar.update(start_step)
 
   def shard_batch(batch):
     b = config.batch_size // n_workers
@@ -415,17 +450,23 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   def eval_params(s: TrainState):
     return s.ema_params if config.eval_with_ema else s.params
 
-  t_start = time.time()
-  t_interval = t_start
+  time_offset = history[-1]["wall_time"] if history else 0.0
+  t_start = time.time() - time_offset
+  t_interval = time.time()
   pending: list[dict[str, jax.Array]] = []
   last_eval: dict[str, float] = {}
-  history = []
-  step = 0
-  for step in range(1, config.num_train_steps + 1):
+  step = start_step
+  last_step = config.num_train_steps
+  if stop_after_steps is not None:
+    last_step = min(last_step, start_step + stop_after_steps)
+  for step in range(start_step + 1, last_step + 1):
     images, labels = shard_batch(next(train_iter))
     state, m = train_step(state, images, labels, jax.random.fold_in(step_root, step))
     pending.append(m)
-    if step % config.log_every == 0 or step == config.num_train_steps:
+    final = step == config.num_train_steps
+    checkpoint_now = ckpt is not None and (step % config.checkpoint_every == 0 or final)
+    # A train row closes at every checkpoint too, so a resumed run writes the same rows.
+    if step % config.log_every == 0 or final or checkpoint_now:
       fetched = jax.device_get(pending)
       now = time.time()
       row = {k: float(np.mean([f[k] for f in fetched])) for k in fetched[0]}
@@ -441,15 +482,25 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                         wire=f"{row['bytes_on_wire'] / 1e3:.1f}kB")
     if bar is not None:
       bar.update(1)
-    if (config.eval_every and step % config.eval_every == 0) or step == config.num_train_steps:
+    if (config.eval_every and step % config.eval_every == 0) or final:
       res = evaluate(eval_step, eval_params(state), state.batch_stats, eval_iter)
       last_eval = dict(res, step=step)
       writer.write({"step": step, "split": "test", "loss": res["loss"], "accuracy": res["accuracy"],
                     "wall_time": time.time() - t_start})
       logging.info("step %d: test accuracy %.4f, test loss %.4f", step, res["accuracy"], res["loss"])
+    if checkpoint_now:
+      ckpt.save(step, state)
   if bar is not None:
     bar.close()
   writer.close()
+  if ckpt is not None:
+    ckpt.close()
+  if step < config.num_train_steps:  # stopped early (preemption test)
+    return {"steps": step, "stopped_early": True}
+
+  timing = (profile_step(config, train_step, make_loss_fn(config, model, num_classes, has_bn),
+                         state, shard_batch, train_iter, step_root)
+            if config.profile_steps else {})
   total_time = time.time() - t_start
   last_train = history[-1] if history else {}
   summary = {
@@ -462,6 +513,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       "devices": n_dev,
       "batch_size": config.batch_size,
       "optimizer": config.optimizer,
+      "learning_rate": config.learning_rate,
       "steps": step,
       "seed": config.seed,
       "parameters": n_params,
@@ -476,9 +528,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       "float_bytes": last_train.get("float_bytes"),
       "encoded_bytes": last_train.get("encoded_bytes"),
       "mean_bytes_on_wire": float(np.mean([h["bytes_on_wire"] for h in history])) if history else None,
+      "mean_encoded_bytes": float(np.mean([h["encoded_bytes"] for h in history])) if history else None,
       "final_train_loss": last_train.get("loss"),
       "wall_time_sec": total_time,
-      "steps_per_sec": step / total_time if total_time else None,
+      "steps_per_sec": float(np.mean([h["steps_per_sec"] for h in history])) if history else None,
+      **timing,
+      "resumed_from_step": start_step or None,
       "jax_version": jax.__version__,
       "backend": jax.default_backend(),
   }
@@ -488,6 +543,81 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                                        ("test_accuracy", "bytes_on_wire", "compression_ratio",
                                         "wall_time_sec")}))
   return summary
+
+
+class _Checkpointer:
+  """orbax checkpoints of the whole TrainState, keyed by step."""
+
+  def __init__(self, directory: str, config: ml_collections.ConfigDict):
+    import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+
+    self._ocp = ocp
+    self._mngr = ocp.CheckpointManager(
+        os.path.abspath(directory),
+        options=ocp.CheckpointManagerOptions(max_to_keep=config.checkpoint_keep, create=True))
+
+  def latest_step(self) -> Optional[int]:
+    return self._mngr.latest_step()
+
+  def save(self, step: int, state: TrainState) -> None:
+    self._mngr.save(step, args=self._ocp.args.StandardSave(state))
+
+  def restore(self, like: TrainState) -> TrainState:
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), like)
+    return self._mngr.restore(self._mngr.latest_step(), args=self._ocp.args.StandardRestore(abstract))
+
+  def close(self) -> None:
+    self._mngr.wait_until_finished()
+    self._mngr.close()
+
+
+def _resume_metrics(path: str, start_step: int) -> list[dict[str, float]]:
+  """Drops rows written after the checkpoint we resume from; returns the train rows kept."""
+  if not os.path.exists(path):
+    return []
+  with open(path, newline="") as f:
+    reader = csv.DictReader(f)
+    fieldnames = reader.fieldnames
+    rows = [r for r in reader if int(r["step"]) <= start_step]
+  with open(path, "w", newline="") as f:
+    w = csv.DictWriter(f, fieldnames=fieldnames)
+    w.writeheader()
+    w.writerows(rows)
+  return [{k: float(v) for k, v in r.items() if k != "split" and v not in ("", None)}
+          for r in rows if r["split"] == "train"]
+
+
+def profile_step(config, train_step, loss_fn, state, shard_batch, train_iter,
+                 step_root) -> dict[str, float]:
+  """Median time of a whole step and of its gradient computation alone.
+
+  ``exchange_time_sec`` = step − compute: compression, the collectives,
+  decompression and the optimizer update. With simulated workers there is no
+  network, so this is the compute cost of the exchange on this machine.
+  Measured after training on ``config.profile_steps`` extra steps whose
+  results are discarded.
+  """
+  grad = jax.grad(loss_fn, has_aux=True)
+  grads_fn = jax.jit(jax.vmap(lambda p, bs, x, y, k: grad(p, bs, x, y, k)[0],
+                              in_axes=(None, None, 0, 0, None)))
+  batches = [shard_batch(next(train_iter)) for _ in range(3)]
+  t_step, t_grad = [], []
+  s = state
+  for i in range(config.profile_steps + 2):  # two warm-up rounds
+    images, labels = batches[i % 3]
+    key = jax.random.fold_in(step_root, 2**30 + i)
+    t0 = time.perf_counter()
+    s, m = train_step(s, images, labels, key)
+    jax.block_until_ready(m)
+    t1 = time.perf_counter()
+    jax.block_until_ready(grads_fn(s.params, s.batch_stats, images, labels, key))
+    t2 = time.perf_counter()
+    if i >= 2:
+      t_step.append(t1 - t0)
+      t_grad.append(t2 - t1)
+  step_t, grad_t = float(np.median(t_step)), float(np.median(t_grad))
+  return {"step_time_sec": step_t, "compute_time_sec": grad_t,
+          "exchange_time_sec": max(step_t - grad_t, 0.0)}
 
 
 FLAGS = flags.FLAGS
