@@ -8,14 +8,24 @@ import pytest
 from jaxcomp.codecs import bits
 
 
+def _stream(codes: np.ndarray, width: int) -> np.ndarray:
+  """Codes as one little-endian bit stream, LSB-first bytes (np.packbits little)."""
+  bits_ = ((codes.astype(np.uint64)[:, None] >> np.arange(width, dtype=np.uint64)) & 1).astype(np.uint8)
+  return np.packbits(bits_.reshape(-1), bitorder="little")
+
+
 def _reference(codes: np.ndarray, width: int) -> np.ndarray:
-  """The documented layout: one little-endian bit stream, LSB-first bytes."""
-  stream = ((codes.astype(np.uint64)[:, None] >> np.arange(width, dtype=np.uint64)) & 1).astype(np.uint8)
-  return np.packbits(stream.reshape(-1), bitorder="little")
+  """The documented layout, written independently: planes of eight partitions, then a dense tail."""
+  n = len(codes)
+  g, r = divmod(n, 8)
+  groups = codes[: 8 * g].reshape(8, g).T  # row i: (P_0[i], ..., P_7[i])
+  streams = np.stack([_stream(row, width) for row in groups]) if g else np.zeros((0, width), np.uint8)
+  bulk = streams.T.reshape(-1)  # plane k = byte k of every group's stream
+  return np.concatenate([bulk, _stream(codes[8 * g:], width)]).astype(np.uint8)
 
 
 @pytest.mark.parametrize("width", [1, 2, 3, 5, 8, 12, 24])
-@pytest.mark.parametrize("n", [0, 9, 1001])
+@pytest.mark.parametrize("n", [0, 5, 8, 1001])
 def test_pack_uint_matches_numpy_and_roundtrips(width, n):
   rs = np.random.RandomState(width * 1000 + n)
   c = rs.randint(0, 2**width, size=n, dtype=np.int64).astype(np.uint32)
@@ -28,19 +38,23 @@ def test_pack_uint_matches_numpy_and_roundtrips(width, n):
   np.testing.assert_array_equal(np.asarray(u, np.uint32), c)
 
 
-def test_pack_bits_is_numpy_packbits_little():
+def test_pack_bits_layout():
+  """w = 1: bit j of bulk byte g is element j*G + g; the tail is np.packbits(little)."""
   rs = np.random.RandomState(0)
-  b = rs.rand(3, 13) > 0.5
+  b = rs.rand(3, 13) > 0.5  # n = 39 = 8*4 + 7
   p = jax.jit(bits.pack_bits)(b)
-  np.testing.assert_array_equal(np.asarray(p), np.packbits(b.reshape(-1), bitorder="little"))
+  flat = b.reshape(-1)
   assert p.shape == (5,)
+  expect_bulk = [sum(int(flat[j * 4 + g]) << j for j in range(8)) for g in range(4)]
+  np.testing.assert_array_equal(np.asarray(p)[:4], expect_bulk)
+  np.testing.assert_array_equal(np.asarray(p)[4:], np.packbits(flat[32:], bitorder="little"))
   out = jax.jit(bits.unpack_bits, static_argnums=1)(p, 39)
   assert out.dtype == jnp.bool_
-  np.testing.assert_array_equal(np.asarray(out), b.reshape(-1))
+  np.testing.assert_array_equal(np.asarray(out), flat)
   # Pad bits are zero: a single True is the byte 1.
   assert np.asarray(bits.pack_bits(jnp.array([True]))).tolist() == [1]
-  # Integer 0/1 input is accepted (nonzero means True).
-  np.testing.assert_array_equal(np.asarray(bits.pack_bits(jnp.array([0, 2, 0, 1], jnp.int32))), [0b1010])
+  # Integer 0/1 input is accepted (nonzero means True); 8 elements: one group, G = 1.
+  np.testing.assert_array_equal(np.asarray(bits.pack_bits(jnp.array([0, 2, 0, 1, 0, 0, 0, 0], jnp.int32))), [0b1010])
 
 
 def test_under_vmap_and_errors():

@@ -2,22 +2,31 @@
 
 One place for every compressor that sends a fixed number of bits per element:
 signSGD / EF-SignSGD and 1-bit SGD (one sign bit per element, eight per byte)
-and QSGD (``w = ceil(log2(2s + 1))`` bits per element).
+and QSGD (``w = ceil(log2(2s + 1))`` bits per element). ``n`` codes of ``w``
+bits take exactly ``ceil(n*w / 8)`` bytes (:func:`packed_size`).
 
-Bit layout (fixed, and tested against NumPy's ``packbits``):
+Layout (fixed, and tested against a NumPy reference). Write ``n = 8G + r``
+with ``0 <= r < 8``:
 
-* the codes form one little-endian bit stream: bit ``t`` of code ``i``
-  (``t = 0`` the least significant) is stream bit ``i*w + t``;
-* stream bit ``q`` is bit ``q mod 8`` (LSB first) of byte ``q // 8``, i.e.
-  ``np.packbits(bits, bitorder="little")``; for ``w = 1`` this is
-  ``np.packbits(b, bitorder="little")`` of the booleans themselves;
-* the stream is zero-padded to a whole byte and nothing more, so ``n`` codes
-  take exactly ``ceil(n*w / 8)`` bytes (:func:`packed_size`).
+* **bulk**: the first ``8G`` codes are cut into eight contiguous partitions
+  ``P_j = codes[j*G:(j+1)*G]`` (as base-3^5 cuts five, 3LC §3.2). Group ``g``
+  is ``(P_0[g], …, P_7[g])``, whose ``8w``-bit little-endian stream is
+  ``S_g = Σ_j P_j[g] << (j*w)``. Plane ``k`` (``k = 0 … w-1``) is the ``G``
+  bytes ``(S_g >> 8k) & 0xFF``; the bulk is ``plane_0 ‖ … ‖ plane_{w-1}``.
+  For ``w = 1``: bit ``j`` (LSB first) of byte ``g`` is code ``j*G + g``.
+* **tail**: the last ``r`` codes as one little-endian bit stream (bit ``t`` of
+  code ``i`` is stream bit ``i*w + t``; stream bit ``q`` is bit ``q mod 8`` of
+  byte ``q // 8``, i.e. ``np.packbits(…, bitorder="little")``), zero-padded
+  to a whole byte: ``ceil(r*w / 8)`` bytes.
 
-Internally eight codes at a time fill ``w`` whole bytes; every output byte is
-an OR of at most ``ceil(8/w) + 1`` shifted codes, all static, so XLA fuses a
-pack or unpack into one loop. Codes of up to 8 bits are shifted in ``uint8``
-(wider shifts would be masked off anyway), wider ones in ``uint32``.
+Why partitions rather than eight consecutive codes per byte: every plane and
+every partition is a contiguous slice, so XLA:CPU fuses packing with the
+quantizer that produces the codes, and unpacking with the scaling that
+consumes them, into vectorised loops with no padding inside the fusion (a
+``pad`` of a fused producer, or an interleaved gather, runs several times
+slower; measured in ``docs/benchmarks.md``). Codes of up to 8 bits are
+shifted in ``uint8`` (wider shifts would be masked off anyway), wider ones in
+``uint32``.
 
 All functions are pure ``jax.numpy``, jit-able and usable inside a caller's
 ``jit``/``vmap``/``shard_map``.
@@ -60,8 +69,42 @@ def _work_dtype(width: int):
   return jnp.uint8 if width <= 8 else jnp.uint32
 
 
+def _shift(a: jax.Array, shift: int, dt) -> jax.Array:
+  """``a << shift`` for ``shift >= 0``, else ``a >> -shift``."""
+  return a << dt(shift) if shift >= 0 else a >> dt(-shift)
+
+
+def _pack_bulk(parts: list, width: int, dt) -> list:
+  """Planes of eight equal partitions (the bulk layout)."""
+  planes = []
+  for k in range(width):  # plane k holds bits 8k .. 8k+7 of every group's stream
+    acc = None
+    for j in range(8):  # code j of a group holds stream bits j*w .. j*w+w-1
+      lo, hi = j * width, (j + 1) * width
+      if hi <= 8 * k or lo >= 8 * k + 8:
+        continue
+      part = _shift(parts[j], lo - 8 * k, dt)
+      acc = part if acc is None else acc | part
+    planes.append(acc if dt == jnp.uint8 else (acc & dt(0xFF)).astype(jnp.uint8))
+  return planes
+
+
+def _unpack_bulk(planes: list, width: int, dt) -> list:
+  """The eight partitions back from the planes."""
+  mask = dt((1 << width) - 1)
+  parts = []
+  for j in range(8):
+    lo, hi = j * width, (j + 1) * width
+    acc = None
+    for k in range(lo // 8, ceil_div(hi, 8)):
+      part = _shift(planes[k], 8 * k - lo, dt)
+      acc = part if acc is None else acc | part
+    parts.append(acc & mask if width < 8 * jnp.dtype(dt).itemsize else acc)
+  return parts
+
+
 def pack_uint(codes: Any, width: int) -> jax.Array:
-  """Packs unsigned ``width``-bit codes densely (see the module docstring).
+  """Packs unsigned ``width``-bit codes densely (layout: the module docstring).
 
   Args:
     codes: integer array of any shape (flattened in C order) with values in
@@ -77,22 +120,17 @@ def pack_uint(codes: Any, width: int) -> jax.Array:
   if not jnp.issubdtype(flat.dtype, jnp.integer) and flat.dtype != jnp.bool_:
     raise TypeError(f"pack_uint expects integer codes; got dtype {flat.dtype}.")
   n = flat.shape[0]
-  groups = ceil_div(n, 8)
   dt = _work_dtype(width)
-  c = jnp.pad(flat.astype(dt), (0, 8 * groups - n)).reshape(groups, 8)
-  out = []
-  for k in range(width):  # output byte k of each group holds stream bits 8k .. 8k+7
-    acc = None
-    for j in range(8):  # code j holds stream bits j*w .. j*w+w-1
-      lo, hi = j * width, (j + 1) * width
-      if hi <= 8 * k or lo >= 8 * k + 8:
-        continue
-      shift = lo - 8 * k
-      part = c[:, j] << dt(shift) if shift >= 0 else c[:, j] >> dt(-shift)
-      acc = part if acc is None else acc | part
-    out.append(acc if dt == jnp.uint8 else (acc & dt(0xFF)).astype(jnp.uint8))
-  stream = jnp.stack(out, axis=1).reshape(-1)
-  return stream[: ceil_div(n * width, 8)]
+  flat = flat.astype(dt)
+  g, r = divmod(n, 8)
+  out = _pack_bulk([flat[j * g:(j + 1) * g] for j in range(8)], width, dt) if g else []
+  if r:  # the tail: r < 8 codes as one group padded with zero codes, cut to ceil(r*w/8) bytes
+    tail = jnp.pad(flat[8 * g:], (0, 8 - r))
+    planes = _pack_bulk([tail[j:j + 1] for j in range(8)], width, dt)
+    out.append(jnp.concatenate(planes)[: ceil_div(r * width, 8)])
+  if not out:
+    return jnp.zeros((0,), jnp.uint8)
+  return jnp.concatenate(out) if len(out) > 1 else out[0]
 
 
 def unpack_uint(b: Any, width: int, n: int) -> jax.Array:
@@ -116,24 +154,20 @@ def unpack_uint(b: Any, width: int, n: int) -> jax.Array:
     raise ValueError(
         f"unpack_uint: {n} codes of {width} bits need {ceil_div(n * width, 8)} bytes, "
         f"got {b.shape[0]} (truncated or wrong n/width)")
-  groups = ceil_div(n, 8)
   dt = _work_dtype(width)
-  by = jnp.pad(b, (0, groups * width - b.shape[0])).reshape(groups, width).astype(dt)
-  mask = dt((1 << width) - 1)
-  cols = []
-  for j in range(8):
-    lo, hi = j * width, (j + 1) * width
-    acc = None
-    for k in range(lo // 8, ceil_div(hi, 8)):
-      shift = lo - 8 * k
-      part = by[:, k] >> dt(shift) if shift >= 0 else by[:, k] << dt(-shift)
-      acc = part if acc is None else acc | part
-    cols.append(acc & mask if width < 8 * jnp.dtype(dt).itemsize else acc)
-  return jnp.stack(cols, axis=1).reshape(-1)[:n]
+  g, r = divmod(n, 8)
+  by = b.astype(dt)
+  out = _unpack_bulk([by[k * g:(k + 1) * g] for k in range(width)], width, dt) if g else []
+  if r:
+    tail = jnp.pad(by[g * width:], (0, width - ceil_div(r * width, 8)))
+    out.append(jnp.concatenate(_unpack_bulk([tail[k:k + 1] for k in range(width)], width, dt))[:r])
+  if not out:
+    return jnp.zeros((0,), dt)
+  return jnp.concatenate(out) if len(out) > 1 else out[0]
 
 
 def pack_bits(bits: Any) -> jax.Array:
-  """Packs booleans eight per byte, LSB first (``np.packbits(..., bitorder="little")``).
+  """Packs booleans eight per byte (the ``w = 1`` layout of the module docstring).
 
   Args:
     bits: boolean (or 0/1 integer) array of any shape, flattened in C order.
