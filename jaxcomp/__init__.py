@@ -15,6 +15,12 @@ from jaxcomp import parallel
 from jaxcomp import rng
 from jaxcomp.compressors import REGISTRY, get_transform, make_optimizer, names
 from jaxcomp.compressors.terngrad import TernGrad, terngrad
+from jaxcomp.compressors.qsgd import QSGD, qsgd
+from jaxcomp.compressors.threelc import ThreeLC, threelc
+from jaxcomp.compressors.int8 import Int8, int8
+from jaxcomp.compressors.stochastic_ternary import StochasticTernary, stochastic_ternary
+from jaxcomp.compressors.signsgd import SignSGD, signsgd
+from jaxcomp.compressors.ef_signsgd import EFSignSGD, ef_signsgd
 from jaxcomp.core import Compressor
 from jaxcomp.metrics import metrics
 from jaxcomp.transforms import CompressState, compress, path_str, pmean, skip_by_path

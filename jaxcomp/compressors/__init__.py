@@ -17,6 +17,12 @@ import optax
 
 from jaxcomp import transforms
 from jaxcomp.compressors.terngrad import TernGrad, terngrad
+from jaxcomp.compressors.qsgd import QSGD, qsgd
+from jaxcomp.compressors.threelc import ThreeLC, threelc
+from jaxcomp.compressors.int8 import Int8, int8
+from jaxcomp.compressors.stochastic_ternary import StochasticTernary, stochastic_ternary
+from jaxcomp.compressors.signsgd import SignSGD, signsgd
+from jaxcomp.compressors.ef_signsgd import EFSignSGD, ef_signsgd
 
 # name -> factory(**kwargs) -> optax.GradientTransformationExtraArgs.
 # Every factory accepts the keyword arguments of jaxcomp.compress
@@ -24,6 +30,12 @@ from jaxcomp.compressors.terngrad import TernGrad, terngrad
 REGISTRY: dict[str, Callable[..., optax.GradientTransformationExtraArgs]] = {
     "none": transforms.pmean,
     "terngrad": terngrad,
+    "qsgd": qsgd,
+    "threelc": threelc,
+    "int8": int8,
+    "stochastic_ternary": stochastic_ternary,
+    "signsgd": signsgd,
+    "ef_signsgd": ef_signsgd,
 }
 
 

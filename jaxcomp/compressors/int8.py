@@ -1,0 +1,77 @@
+"""8-bit integer quantization with error feedback (the "8-bit int" baseline of 3LC §4.2).
+
+Per tensor, on every worker: ``x = g + r`` (the shared error feedback of
+:func:`jaxcomp.compress`), ``scale = max|x| / 127``,
+``codes = round(x / scale) ∈ [−127, 127]`` as ``int8`` (255 levels; −128 is
+never produced, as in 3LC's implementation), decoded as ``codes · scale``;
+the residual keeps ``x − codes · scale`` (``|·| <= scale/2`` per element).
+
+The wire: ``int8[n]`` codes plus the float32 scale, ``n + 4`` bytes.
+
+Decisions (DESIGN.md rule 5; tested in ``tests/test_compressors_a.py``):
+
+* deterministic rounding, half to even (``jnp.round``); ``x / scale`` is
+  computed as ``x · (127 / max|x|)`` and clipped to ±127, so float rounding
+  can never produce −128;
+* a tensor of zeros has ``scale = 0`` and decodes to zeros;
+* no cross-worker agreement: each worker sends its own scale.
+
+References:
+  Lim, Andersen, Kaminsky. *3LC: Lightweight and Effective Traffic
+  Compression for Distributed Machine Learning*. MLSys 2019, §4.2 ("8-bit
+  int is 8-bit quantization with error accumulation ... 255 distinct values,
+  [−127, 127], leaving −128 unused"). Error accumulation: Seide et al.,
+  *1-bit stochastic gradient descent ...*, INTERSPEECH 2014.
+  (``papers/3lc.md``)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from jaxcomp import core
+from jaxcomp import transforms
+from jaxcomp.compressors._quant import max_abs, safe_reciprocal
+
+LEVELS = 127
+
+
+class Int8Payload(NamedTuple):
+  codes: jax.Array  # int8[n] in [-127, 127]
+  scale: jax.Array  # float32[]: max|x| / 127
+
+
+@dataclasses.dataclass(frozen=True)
+class Int8(core.Compressor):
+  """The 8-bit int baseline (see the module docstring)."""
+
+  name = "int8"
+  error_feedback = True
+
+  def encode(self, x, key, agreed):
+    del key, agreed
+    top = max_abs(x)
+    q = jnp.clip(jnp.round(x.reshape(-1) * (LEVELS * safe_reciprocal(top))), -LEVELS, LEVELS)
+    return Int8Payload(codes=q.astype(jnp.int8), scale=(top / LEVELS).astype(jnp.float32))
+
+  def decode(self, payload, shape):
+    return (payload.codes.astype(jnp.float32) * payload.scale).reshape(shape)
+
+
+def int8(**kwargs: Any) -> optax.GradientTransformationExtraArgs:
+  """The 3LC §4.2 "8-bit int" baseline as an optax transform.
+
+  Args:
+    **kwargs: passed to :func:`jaxcomp.compress` (``axis_name``, ``skip``,
+      ``min_size``, ``seed``, ``nonfinite``, ``error_feedback``: on by
+      default).
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs``.
+  """
+  return transforms.compress(Int8(), **kwargs)
