@@ -22,21 +22,21 @@ def make_runners(make_tx, n_workers):
   """make_tx(axis_name) -> optax transform. Returns {name: runner(grads, state)}."""
   runners = {}
 
-  def vmap_runner(grads, state):
+  def vmap_runner(state):
     tx = make_tx("w")
     axes = parallel.worker_axes(state)
-    return jax.jit(jax.vmap(tx.update, in_axes=(0, axes), out_axes=(None, axes), axis_name="w"))(grads, state)
+    return jax.jit(jax.vmap(tx.update, in_axes=(0, axes), out_axes=(None, axes), axis_name="w"))
 
   runners["vmap"] = vmap_runner
 
   if len(jax.devices()) >= n_workers:
 
-    def pmap_runner(grads, state):
+    def pmap_runner(state):
       tx = make_tx("w")
       axes = parallel.worker_axes(state)
-      return jax.pmap(tx.update, axis_name="w", in_axes=(0, axes), out_axes=(None, axes))(grads, state)
+      return jax.pmap(tx.update, axis_name="w", in_axes=(0, axes), out_axes=(None, axes))
 
-    def shard_map_runner(grads, state):
+    def shard_map_runner(state):
       tx = make_tx("d")
       mesh = _mesh(n_workers)
       specs = parallel.worker_specs(state, "d")
@@ -51,9 +51,9 @@ def make_runners(make_tx, n_workers):
         return upd, s2
 
       f = jax.shard_map(per_device, mesh=mesh, in_specs=(P("d"), specs), out_specs=(P(), specs))
-      return jax.jit(f)(grads, state)
+      return jax.jit(f)
 
-    def shard_map_vmap_runner(grads, state):
+    def shard_map_vmap_runner(state):
       # Half the workers per device: vmap over "w" inside shard_map over "d".
       n_dev = n_workers // 2
       tx = make_tx(("d", "w"))
@@ -62,12 +62,30 @@ def make_runners(make_tx, n_workers):
       axes = parallel.worker_axes(state)
       inner = jax.vmap(tx.update, in_axes=(0, axes), out_axes=(None, axes), axis_name="w")
       f = jax.shard_map(inner, mesh=mesh, in_specs=(P("d"), specs), out_specs=(P(), specs), check_vma=False)
-      return jax.jit(f)(grads, state)
+      return jax.jit(f)
 
     runners["pmap"] = pmap_runner
     runners["shard_map"] = shard_map_runner
     runners["shard_map+vmap"] = shard_map_vmap_runner
-  return runners
+  return {name: _built_once(build) for name, build in runners.items()}
+
+
+def _built_once(build):
+  """A runner that builds its jit/pmap function once per state structure.
+
+  A fresh jit/pmap wrapper on every call is a cache miss for JAX, so every
+  step would re-trace and re-compile (about 1 s per step per layout on a
+  2-core machine).
+  """
+  built = {}
+
+  def runner(grads, state):
+    key = jax.tree.structure(state)
+    if key not in built:
+      built[key] = build(state)
+    return built[key](grads, state)
+
+  return runner
 
 
 def init_state(make_tx, params, n_workers):
