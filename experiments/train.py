@@ -210,11 +210,7 @@ def ema_decay_at(step, decay):
 
 
 def make_loss_fn(config, model, num_classes, has_bn):
-  """``loss_fn(params, batch_stats, images, labels, key) -> (total, (loss, logits, new_vars))``.
-
-  ``total`` adds the L2 term when ``weight_decay_mode == "loss"``.
-  """
-  wd = config.weight_decay if config.weight_decay_mode == "loss" else 0.0
+  """``loss_fn(params, batch_stats, images, labels, key) -> (loss, (logits, new_vars))``."""
 
   def loss_fn(params, batch_stats, images, labels, key):
     variables = {"params": params}
@@ -226,12 +222,24 @@ def make_loss_fn(config, model, num_classes, has_bn):
       logits = model.apply(variables, images, train=True, rngs={"dropout": key})
       new_vars = {}
     loss = jnp.mean(cross_entropy(logits, labels, num_classes))
-    total = loss
-    if wd:
-      total = total + 0.5 * wd * sum(jnp.sum(jnp.square(x)) for x in jax.tree.leaves(params))
-    return total, (loss, logits, new_vars)
+    return loss, (logits, new_vars)
 
   return loss_fn
+
+
+def worker_gradients(config, loss_fn, params, batch_stats, images, labels, key):
+  """One worker's gradients, with weight decay when ``weight_decay_mode == "loss"``.
+
+  The L2 term ``0.5 * wd * ||w||^2`` of the papers' Caffe/TensorFlow losses
+  contributes ``wd * w`` to every worker's gradient (so it is part of what gets
+  compressed); it is added after differentiating the data loss, which is the
+  same gradient and lets XLA keep the data part fused.
+  """
+  grads, (loss, (logits, new_vars)) = jax.grad(lambda p: (lambda l, a: (l, (l, a)))(
+      *loss_fn(p, batch_stats, images, labels, key)), has_aux=True)(params)
+  if config.weight_decay and config.weight_decay_mode == "loss":
+    grads = jax.tree.map(lambda g, w: g + config.weight_decay * w, grads, params)
+  return grads, loss, logits, new_vars
 
 
 def make_train_step(config, model, tx, mesh, opt_state_template, num_classes, bn_template):
@@ -247,8 +255,8 @@ def make_train_step(config, model, tx, mesh, opt_state_template, num_classes, bn
 
   def worker(params, batch_stats, opt_state, images, labels, key):
     key = jax.random.fold_in(key, parallel.axis_index(AXES))
-    grads, (loss, logits, new_vars) = jax.grad(loss_fn, has_aux=True)(
-        params, batch_stats, images, labels, key)
+    grads, loss, logits, new_vars = worker_gradients(config, loss_fn, params, batch_stats, images,
+                                                     labels, key)
     updates, opt_state = tx.update(grads, opt_state, params)
     params = optax.apply_updates(params, updates)
     if has_bn:
@@ -597,9 +605,9 @@ def profile_step(config, train_step, loss_fn, state, shard_batch, train_iter,
   Measured after training on ``config.profile_steps`` extra steps whose
   results are discarded.
   """
-  grad = jax.grad(loss_fn, has_aux=True)
-  grads_fn = jax.jit(jax.vmap(lambda p, bs, x, y, k: grad(p, bs, x, y, k)[0],
-                              in_axes=(None, None, 0, 0, None)))
+  grads_fn = jax.jit(jax.vmap(
+      lambda p, bs, x, y, k: worker_gradients(config, loss_fn, p, bs, x, y, k)[0],
+      in_axes=(None, None, 0, 0, None)))
   batches = [shard_batch(next(train_iter)) for _ in range(3)]
   t_step, t_grad = [], []
   s = state

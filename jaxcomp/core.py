@@ -114,8 +114,10 @@ class Compressor:
     averages; compressors whose codes can be summed before scaling override
     this to decode once (e.g. TernGrad with a shared scalar).
     """
+    from jaxcomp import parallel  # pylint: disable=g-import-not-at-top
+
     decoded = jax.vmap(lambda p: self.decode(p, shape))(gathered)
-    return jnp.mean(decoded, axis=0)
+    return parallel.sum_leading(decoded) / decoded.shape[0]
 
   def encoded_bytes(self, payload: Payload, shape: Shape) -> Optional[jax.Array]:
     """Exact size of a variable-length encoding of ``payload``, if any.

@@ -46,6 +46,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxcomp import core
+from jaxcomp import parallel
 from jaxcomp import rng
 from jaxcomp import transforms
 from jaxcomp.codecs import twobit
@@ -128,7 +129,7 @@ class TernGrad(core.Compressor):
     n = core.size_of(shape)
     workers = gathered.scale.shape[0]
     codes = jax.vmap(lambda c: twobit.unpack_2bit(c, n))(gathered.codes)
-    total = jnp.sum(codes, axis=0, dtype=jnp.int32)
+    total = parallel.sum_leading(codes)  # int32
     return (total.astype(jnp.float32) * (gathered.scale[0] / workers)).reshape(shape)
 
 
