@@ -1,0 +1,143 @@
+"""2-bit packing of ternary codes: TernGrad's wire format.
+
+TernGrad (Wen et al., 2017) sends each gradient element as one of three values
+{-1, 0, +1} times a shared scalar; on the wire every element takes two bits,
+four elements per byte. 3LC §3.2 points out that this is 26% above the
+log2(3) ≈ 1.585-bit minimum; :mod:`jaxcomp.codecs.base243` is the denser
+alternative.
+
+Bit layout (decided here, fixed, and tested byte for byte):
+
+* code ``c = t + 1`` ∈ {0, 1, 2} (so -1 → 0b00, 0 → 0b01, +1 → 0b10; the
+  code 0b11 is never produced and is rejected by :func:`unpack_2bit_checked`);
+* element ``4*i + j`` of the flattened input occupies bits ``2j .. 2j+1`` of
+  byte ``i`` (little-endian within the byte: element ``4i`` in the two least
+  significant bits);
+* the last byte is padded with the code of 0 (0b01), so
+  ``pack_2bit([1])`` is ``0b01_01_01_10 = 0x56``.
+
+Both directions are pure ``jax.numpy``, jit-able and usable inside a caller's
+``jit``/``vmap``/``shard_map``.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxcomp.codecs._common import (as_flat_int, as_flat_uint8, ceil_div,
+                                    check_length, check_ternary, host_bytes)
+
+__all__ = [
+    "pack_2bit",
+    "pack_2bit_checked",
+    "packed_2bit_size",
+    "unpack_2bit",
+    "unpack_2bit_checked",
+]
+
+_PAD_CODE = 1  # the code of value 0
+
+
+def packed_2bit_size(n: int) -> int:
+  """Bytes that :func:`pack_2bit` produces for ``n`` values: ``ceil(n / 4)``."""
+  return ceil_div(check_length(n), 4)
+
+
+@jax.jit
+def _pack(flat: jax.Array) -> jax.Array:
+  n = flat.shape[0]
+  m = ceil_div(n, 4)
+  codes = (flat.astype(jnp.int8) + 1).astype(jnp.uint8)
+  codes = jnp.pad(codes, (0, 4 * m - n), constant_values=_PAD_CODE)
+  c = codes.reshape(m, 4)
+  return (c[:, 0] | (c[:, 1] << 2) | (c[:, 2] << 4) | (c[:, 3] << 6))
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _unpack(b: jax.Array, n: int) -> jax.Array:
+  codes = jnp.stack([(b >> s) & 3 for s in (0, 2, 4, 6)], axis=1)
+  return codes.reshape(-1)[:n].astype(jnp.int8) - 1
+
+
+def pack_2bit(t: Any) -> jax.Array:
+  """Packs ternary codes four to a byte (TernGrad's 2-bit wire).
+
+  Args:
+    t: integer array (int8 preferred, any integer dtype accepted) of any
+      shape, holding values in {-1, 0, 1}; it is flattened in C order.
+      Values outside {-1, 0, 1} are not checked here (this path is traced
+      into ``jit``); use :func:`pack_2bit_checked` to validate.
+
+  Returns:
+    ``uint8[ceil(n / 4)]`` in the layout described in the module docstring.
+
+  Raises:
+    TypeError: if ``t`` does not have an integer dtype.
+  """
+  return _pack(as_flat_int(t, "pack_2bit"))
+
+
+def unpack_2bit(b: Any, n: int) -> jax.Array:
+  """Inverse of :func:`pack_2bit`.
+
+  Args:
+    b: ``uint8[ceil(n / 4)]`` as produced by :func:`pack_2bit`.
+    n: number of values to return (static Python int).
+
+  Returns:
+    ``int8[n]`` with values in {-1, 0, 1} (a corrupted 0b11 code decodes to 2;
+    :func:`unpack_2bit_checked` rejects it instead).
+
+  Raises:
+    TypeError: if ``b`` is not uint8 or ``n`` not an int.
+    ValueError: if ``n < 0`` or ``len(b) != ceil(n / 4)``.
+  """
+  n = check_length(n)
+  b = as_flat_uint8(b, "unpack_2bit")
+  if b.shape[0] != ceil_div(n, 4):
+    raise ValueError(
+        f"unpack_2bit: {n} values need {ceil_div(n, 4)} bytes, got "
+        f"{b.shape[0]} (truncated or wrong n)")
+  return _unpack(b, n)
+
+
+def pack_2bit_checked(t: Any) -> jax.Array:
+  """:func:`pack_2bit` after a host-side check that ``t`` is ternary.
+
+  Raises:
+    ValueError: naming the first value outside {-1, 0, 1}.
+  """
+  return pack_2bit(check_ternary(t, "pack_2bit_checked: t"))
+
+
+def unpack_2bit_checked(b: Any, n: int) -> jax.Array:
+  """:func:`unpack_2bit` that validates the stream on the host first.
+
+  Raises:
+    ValueError: on a wrong length, on the unused code 0b11, or on padding
+      codes that are not the code of 0 (all signs of a corrupted stream).
+  """
+  n = check_length(n)
+  a = host_bytes(b, "unpack_2bit_checked")
+  if a.shape[0] != ceil_div(n, 4):
+    raise ValueError(
+        f"unpack_2bit_checked: {n} values need {ceil_div(n, 4)} bytes, got "
+        f"{a.shape[0]} (truncated or wrong n)")
+  codes = ((a[:, None] >> np.array([0, 2, 4, 6], np.uint8)) & 3).reshape(-1)
+  bad = np.flatnonzero(codes[:n] == 3)
+  if bad.size:
+    raise ValueError(
+        f"unpack_2bit_checked: invalid 2-bit code 0b11 for element "
+        f"{int(bad[0])} (byte {int(bad[0]) // 4}); corrupted stream")
+  pad = np.flatnonzero(codes[n:] != _PAD_CODE)
+  if pad.size:
+    raise ValueError(
+        f"unpack_2bit_checked: padding code of element {n + int(pad[0])} is "
+        f"{int(codes[n + pad[0]])}, expected {_PAD_CODE} (the code of 0); "
+        "corrupted stream or wrong n")
+  return _unpack(jnp.asarray(a), n)
