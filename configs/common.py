@@ -81,7 +81,7 @@ def base_config() -> ml_collections.ConfigDict:
 
   # -- compression (jaxcomp.compressors) --
   c.compressor = "terngrad"  # a jaxcomp.names() entry; "none" is the float32 pmean baseline
-  c.compressor_kwargs = ml_collections.ConfigDict()
+  c.compressor_kwargs = ml_collections.ConfigDict()  # the compressor's arguments (ignored for "none")
   c.skip_last_layer = False  # keep the 'logits' layer's gradients in float (TernGrad §4.2)
   c.skip_batch_norm = True  # keep batch-norm gradients in float (3LC §4.2)
   c.min_size = 0  # tensors with fewer elements stay in float (QSGD §5: 10K)

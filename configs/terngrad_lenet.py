@@ -34,6 +34,30 @@ def default_dataset() -> str:
   return "fashion_mnist_debian" if data.fashion_mnist_debian_available() else "mnist5k"
 
 
+WORKERS = (1, 2, 4, 8, 16, 32, 64)
+OPTIMIZERS = {"momentum": 0.01, "sgd": 0.1}  # base learning rates (§4.1)
+
+# The paper's result (Fig. 3), as its text states it: TernGrad's accuracy minus
+# floating's, over every N and both optimizers, lies in [-0.22, +0.15] points.
+PAPER = {
+    "source": "TernGrad §4.1, Figure 3 (LeNet, MNIST, 10K iterations)",
+    "max_gain_pp": 0.15,
+    "max_loss_pp": 0.22,
+}
+
+
+def get_sweep(arg: str | None = None) -> list[tuple[str, dict]]:
+  """TG-F3's grid: optimizer x workers x {floating, TernGrad}."""
+  del arg
+  runs = []
+  for opt, lr in OPTIMIZERS.items():
+    for n in WORKERS:
+      for comp in ("none", "terngrad"):
+        runs.append((f"{opt}/N{n:02d}/{comp}",
+                     {"optimizer": opt, "learning_rate": lr, "workers": n, "compressor": comp}))
+  return runs
+
+
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   args = common.parse_arg(arg, allowed=("runlocal", "optimizer", "dataset"))
   c = common.base_config()
@@ -56,7 +80,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.compressor_kwargs = ml_collections.ConfigDict({"clip_sigma": 2.5})
   c.ema_decay = 0.9999  # "All TernGrad runs keep an exponential moving average" (§4)
   c.eval_with_ema = True
-  c.eval_every = 1000
+  c.eval_every = 500
   if "runlocal" in args:
     c.num_train_steps = 300
     c.eval_every = 0

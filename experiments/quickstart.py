@@ -50,8 +50,6 @@ def run(workdir: str, steps: int, workers: int, dataset: str | None, seed: int) 
     config.compressor = compressor
     config.eval_every = max(steps // 10, 1)
     config.log_every = max(steps // 100, 1)
-    if compressor == "none":
-      config.compressor_kwargs = {}
     logging.info("=== %s ===", label)
     results[label] = train.train_and_evaluate(config, os.path.join(workdir, compressor))
   plot = plots.convergence_plot(

@@ -182,6 +182,11 @@ def make_skip(config: ml_collections.ConfigDict):
 
 def make_tx(config: ml_collections.ConfigDict, axis_name) -> optax.GradientTransformation:
   kwargs = dict(config.compressor_kwargs.to_dict())
+  if config.compressor == "none" and kwargs:
+    # The floating baseline of an experiment is its config with compressor=none;
+    # the compressor's own settings do not apply to it.
+    logging.info("compressor 'none' (float32 pmean): ignoring compressor_kwargs %s", kwargs)
+    kwargs = {}
   kwargs.setdefault("seed", config.seed)
   if config.compressor != "none":
     kwargs.setdefault("skip", make_skip(config))
@@ -544,6 +549,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
       "resumed_from_step": start_step or None,
       "jax_version": jax.__version__,
       "backend": jax.default_backend(),
+      "git_commit": _git_commit(),
   }
   with open(os.path.join(workdir, "summary.json"), "w") as f:
     json.dump(summary, f, indent=2)
@@ -551,6 +557,22 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
                                        ("test_accuracy", "bytes_on_wire", "compression_ratio",
                                         "wall_time_sec")}))
   return summary
+
+
+def _git_commit() -> Optional[str]:
+  """The commit of the code that ran (with ``+dirty`` for local changes), if in a checkout."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+
+  here = os.path.dirname(os.path.abspath(__file__))
+  try:
+    rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True,
+                         timeout=10).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "jaxcomp",
+                            "experiments", "configs"], cwd=here, capture_output=True, text=True,
+                           timeout=10).stdout.strip()
+  except (OSError, subprocess.SubprocessError):
+    return None
+  return (rev + ("+dirty" if dirty else "")) or None
 
 
 class _Checkpointer:
