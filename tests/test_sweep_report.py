@@ -1,0 +1,40 @@
+"""The sweep runner runs a grid resumably; the report is built from the runs alone."""
+
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _sweep(root, *extra):
+  cmd = [sys.executable, "-m", "experiments.sweep", "--config", "configs/terngrad_lenet.py:dataset=mnist5k",
+         "--root", str(root), "--only", "workers=2", "--only", "optimizer=sgd",
+         "--set", "num_train_steps=6", "--set", "eval_every=3", "--set", "log_every=3",
+         "--set", "eval_batch_size=500", "--checkpoint_every", "3", *extra]
+  env = dict(os.environ, XLA_FLAGS="")
+  return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+
+
+def test_sweep_then_report(tmp_path):
+  out = _sweep(tmp_path)
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert "2 runs: 0 done, 0 partial, 2 to do" in out.stdout
+  base = tmp_path / "TG-F3" / "mnist5k" / "sgd" / "N02"
+  for comp in ("none", "terngrad"):
+    s = json.load(open(base / comp / "summary.json"))
+    assert s["steps"] == 6 and s["workers"] == 2 and s["compressor"] == comp
+    assert (base / comp / "command.txt").read_text().startswith("python -m experiments.train")
+  # Finished runs are not run again.
+  again = _sweep(tmp_path)
+  assert "2 runs: 2 done, 0 partial, 0 to do" in again.stdout
+  assert "[1/2]" not in again.stdout
+
+  from experiments import report
+  text = report.build(str(tmp_path), str(tmp_path / "docs" / "results.md"))
+  a = json.load(open(base / "none" / "summary.json"))["test_accuracy"]
+  b = json.load(open(base / "terngrad" / "summary.json"))["test_accuracy"]
+  assert f"| 2 | 32 | — | — | — | {100 * a:.2f} | {100 * b:.2f} | {100 * (b - a):+.2f} |" in text
+  assert "Cells finished: 1 of 14" in text
+  assert (tmp_path / "docs" / "results" / "tg_f3_mnist5k_accuracy_vs_workers.png").exists()
