@@ -109,7 +109,7 @@ def main(argv):
     os.makedirs(r["workdir"], exist_ok=True)
     cmd = r["cmd"] + extra
     with open(os.path.join(r["workdir"], "command.txt"), "w") as f:
-      f.write(shlex.join([os.path.basename(cmd[0])] + cmd[1:]) + "\n")
+      f.write(shlex.join(["python"] + cmd[1:]) + "\n")
     print(f"[{i + 1}/{len(runs)}] {r['name']} ({r['state']}) ...", flush=True)
     t0 = time.time()
     with open(os.path.join(r["workdir"], "log.txt"), "a") as log:
