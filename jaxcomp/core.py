@@ -162,7 +162,7 @@ class Exchanged(NamedTuple):
   mean: jax.Array  # float32, the average over workers of the decoded tensors
   own: jax.Array  # float32, what this worker's own message decodes to (error feedback)
   payload: Payload  # this worker's message, for encoded_bytes / extra_metrics
-  wire_bytes: int  # static bytes this worker handed to collectives
+  wire_bytes: Any  # bytes this worker handed to collectives: an int, or an int32 scalar when a collective runs conditionally (3LC's zero-run fallback)
   state: Any  # the new per-tensor state
   metrics: Optional[dict[str, jax.Array]] = None  # counters as encode_with_metrics returns them
 
