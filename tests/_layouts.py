@@ -90,3 +90,20 @@ def _built_once(build):
 
 def init_state(make_tx, params, n_workers):
   return parallel.replicate_workers(make_tx(None).init(params), n_workers)
+
+
+def run_layouts(make_tx, params, grads_fn, n_workers, steps=2):
+  """Runs ``steps`` updates under every layout from the same initial state.
+
+  ``grads_fn(step)`` returns the gradients with a leading worker axis.
+  Returns ``{layout: (list of updates, jaxcomp.metrics of the final state, final state)}``.
+  """
+  results = {}
+  for layout, run in make_runners(make_tx, n_workers).items():
+    state = init_state(make_tx, params, n_workers)
+    outs = []
+    for step in range(steps):
+      upd, state = run(grads_fn(step), state)
+      outs.append(upd)
+    results[layout] = (outs, jaxcomp.metrics(state), state)
+  return results

@@ -21,7 +21,7 @@ from jaxcomp.codecs import base243, zerorun
 from jaxcomp.compressors.qsgd import code_width, levels_for_bits
 from jaxcomp.compressors.threelc import ThreeLC, quantize_3value
 
-from _layouts import init_state, make_runners
+from _layouts import run_layouts
 
 N = 8
 
@@ -78,20 +78,14 @@ def test_layouts_agree(name):
   factory = COMPRESSORS[name][1]
   make_tx = lambda axis: factory(axis_name=axis)
   params = jax.tree.map(lambda g: g[0], _layout_grads(0))
-  results = {}
-  for layout, run in make_runners(make_tx, N).items():
-    state = init_state(make_tx, params, N)
-    outs = []
-    for step in range(2):
-      upd, state = run(_layout_grads(step), state)
-      outs.append(upd)
-    results[layout] = (outs, jaxcomp.metrics(state), state.local.residual)
+  results = run_layouts(make_tx, params, _layout_grads, N)
   assert set(results) == {"vmap", "pmap", "shard_map", "shard_map+vmap"}
-  ref_outs, ref_metrics, ref_res = results["vmap"]
-  for layout, (outs, m, res) in results.items():
+  ref_outs, ref_metrics, ref_state = results["vmap"]
+  close = lambda layout: lambda x, y: np.testing.assert_allclose(x, y, atol=1e-6, rtol=0, err_msg=layout)
+  for layout, (outs, m, state) in results.items():
     for a, b in zip(ref_outs, outs):
-      jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-6, rtol=0, err_msg=layout), a, b)
-    jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-6, rtol=0, err_msg=layout), ref_res, res)
+      jax.tree.map(close(layout), a, b)
+    jax.tree.map(close(layout), ref_state.local.residual, state.local.residual)
     for k in ref_metrics:
       assert float(ref_metrics[k]) == float(m[k]), (layout, k)
   for upd in ref_outs:
@@ -394,6 +388,7 @@ def test_threelc_capacity_fallback_is_counted_and_lossless():
     np.testing.assert_array_equal(u1, u2)
     np.testing.assert_array_equal(s1.local.residual, s2.local.residual)
     np.testing.assert_array_equal(s2.local.metrics["zero_run_fallbacks"], overflow)
+    np.testing.assert_array_equal(s2.local.metrics["zero_run_fallback_rounds"], [int(any(overflow))] * W)
     # encoded_bytes is the exact zero-run size in both modes.
     np.testing.assert_array_equal(s1.local.metrics["encoded_bytes"], s2.local.metrics["encoded_bytes"])
     wire = C + 8 + (L if any(overflow) else 0) + 1  # + 1 byte: the shared non-finite flag
@@ -403,6 +398,7 @@ def test_threelc_capacity_fallback_is_counted_and_lossless():
   tx = jaxcomp.threelc(capacity=0.5)
   out, st = jax.jit(tx.update)(jnp.sign(g[0]), tx.init(jnp.zeros(2000)))  # no zeros: no runs
   assert int(st.local.metrics["zero_run_fallbacks"]) == 1
+  assert int(st.local.metrics["zero_run_fallback_rounds"]) == 1
   assert int(st.local.metrics["bytes_on_wire"]) == C + 8 + L
 
 

@@ -46,6 +46,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxcomp import core
+from jaxcomp import parallel
 from jaxcomp import transforms
 from jaxcomp.codecs import bits
 
@@ -84,7 +85,7 @@ class SignSGD(core.Compressor):
   def aggregate(self, gathered, shape):
     n = core.size_of(shape)
     votes = jax.vmap(lambda p: self._votes(p, n))(gathered)
-    return jnp.sign(jnp.sum(votes, axis=0, dtype=jnp.int32)).astype(jnp.float32).reshape(shape)
+    return jnp.sign(parallel.sum_leading(votes)).astype(jnp.float32).reshape(shape)
 
 
 def signsgd(**kwargs: Any) -> optax.GradientTransformationExtraArgs:

@@ -44,6 +44,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxcomp import core
+from jaxcomp import parallel
 from jaxcomp import rng
 from jaxcomp import transforms
 from jaxcomp.codecs import base243
@@ -84,7 +85,7 @@ class StochasticTernary(TernGrad):
     if not self.scalar_sharing:
       return core.Compressor.aggregate(self, gathered, shape)
     n = core.size_of(shape)
-    total = jnp.sum(jax.vmap(lambda c: base243.base243_decode(c, n))(gathered.codes), axis=0, dtype=jnp.int32)
+    total = parallel.sum_leading(jax.vmap(lambda c: base243.base243_decode(c, n))(gathered.codes))
     return (total.astype(jnp.float32) * (gathered.scale[0] / gathered.scale.shape[0])).reshape(shape)
 
 

@@ -36,8 +36,9 @@ The wire. A static-shape collective cannot move a variable-length stream
   quantized values, and hence the average and the residuals, are identical to
   ``capacity=None``: the fallback changes bytes, never numbers. The bytes of
   the second round are added to ``bytes_on_wire`` for that step (a traced
-  value), and ``zero_run_fallbacks`` counts the tensors whose run-coded
-  stream did not fit on this worker.
+  value); ``zero_run_fallbacks`` counts the tensors whose run-coded stream
+  did not fit on this worker, ``zero_run_fallback_rounds`` the tensors for
+  which the plain round ran (because some worker's stream did not fit).
 
 Decisions where the paper is brief (DESIGN.md rule 5; tested in
 ``tests/test_compressors_a.py``):
@@ -133,7 +134,7 @@ class ThreeLC(core.Compressor):
 
   @property
   def metric_keys(self) -> tuple[str, ...]:  # type: ignore[override]
-    return ("zero_run_fallbacks",) if self.capacity is not None else ()
+    return ("zero_run_fallbacks", "zero_run_fallback_rounds") if self.capacity is not None else ()
 
   def _capacity_bytes(self, n: int) -> int:
     return zerorun.zero_run_capacity(n, float(self.capacity)) if n else 0
@@ -187,24 +188,27 @@ class ThreeLC(core.Compressor):
     first = core.tree_nbytes(payload)
     fallback_bytes = codes.nbytes
     if not parallel._names(axis_name):
+      rounds = {"zero_run_fallback_rounds": (~packed.fits).astype(jnp.int32)}
       wire = first + jnp.where(packed.fits, 0, fallback_bytes).astype(jnp.int32)
-      return core.Exchanged(mean=own, own=own, payload=payload, wire_bytes=wire, state=None)
+      return core.Exchanged(mean=own, own=own, payload=payload, wire_bytes=wire, state=None, metrics=rounds)
 
+    payload = lax.optimization_barrier(payload)  # materialized before the collective, as parallel.exchange does
     gathered = parallel.all_gather(payload, axis_name)
     all_fit = jnp.all(gathered.length <= cap)
     workers = gathered.scale.shape[0]
 
     def from_buffers():
-      return jnp.sum(jax.vmap(lambda p: self.decode(p, shape))(gathered), axis=0) / workers
+      return parallel.sum_leading(jax.vmap(lambda p: self.decode(p, shape))(gathered)) / workers
 
     def from_plain():
       plain = parallel.all_gather(codes, axis_name)
       dec = jax.vmap(lambda c, s: self.decode(ThreeLCPayload(c, s), shape))(plain, gathered.scale)
-      return jnp.sum(dec, axis=0) / workers
+      return parallel.sum_leading(dec) / workers
 
     mean = lax.cond(all_fit, from_buffers, from_plain)
+    rounds = {"zero_run_fallback_rounds": (~all_fit).astype(jnp.int32)}
     wire = first + jnp.where(all_fit, 0, fallback_bytes).astype(jnp.int32)
-    return core.Exchanged(mean=mean, own=own, payload=payload, wire_bytes=wire, state=None)
+    return core.Exchanged(mean=mean, own=own, payload=payload, wire_bytes=wire, state=None, metrics=rounds)
 
 
 def threelc(
