@@ -21,6 +21,12 @@ from jaxcomp.compressors.int8 import Int8, int8
 from jaxcomp.compressors.stochastic_ternary import StochasticTernary, stochastic_ternary
 from jaxcomp.compressors.signsgd import SignSGD, signsgd
 from jaxcomp.compressors.ef_signsgd import EFSignSGD, ef_signsgd
+from jaxcomp.compressors.onebit import OneBit, onebit
+from jaxcomp.compressors.topk import TopK, topk
+from jaxcomp.compressors.powersgd import PowerSGD, powersgd
+from jaxcomp.compressors.local_steps import local_steps
+from jaxcomp.compressors.threshold import Threshold, threshold
+from jaxcomp.compressors.adaptive import Adaptive, adaptive
 from jaxcomp.core import Compressor
 from jaxcomp.metrics import metrics
 from jaxcomp.transforms import CompressState, compress, path_str, pmean, skip_by_path

@@ -23,6 +23,12 @@ from jaxcomp.compressors.int8 import Int8, int8
 from jaxcomp.compressors.stochastic_ternary import StochasticTernary, stochastic_ternary
 from jaxcomp.compressors.signsgd import SignSGD, signsgd
 from jaxcomp.compressors.ef_signsgd import EFSignSGD, ef_signsgd
+from jaxcomp.compressors.onebit import OneBit, onebit
+from jaxcomp.compressors.topk import TopK, topk
+from jaxcomp.compressors.powersgd import PowerSGD, powersgd
+from jaxcomp.compressors.local_steps import local_steps
+from jaxcomp.compressors.threshold import Threshold, threshold
+from jaxcomp.compressors.adaptive import Adaptive, adaptive
 
 # name -> factory(**kwargs) -> optax.GradientTransformationExtraArgs.
 # Every factory accepts the keyword arguments of jaxcomp.compress
@@ -36,12 +42,19 @@ REGISTRY: dict[str, Callable[..., optax.GradientTransformationExtraArgs]] = {
     "stochastic_ternary": stochastic_ternary,
     "signsgd": signsgd,
     "ef_signsgd": ef_signsgd,
+    "onebit": onebit,
+    "topk": topk,
+    "powersgd": powersgd,
+    "threshold": threshold,
+    "adaptive": adaptive,
 }
 
 
 # name -> wrapper(optimizer, **kwargs) -> optax.GradientTransformation, for
 # schemes that decide when the optimizer steps (they cannot be a chain link).
-WRAPPERS: dict[str, Callable[..., optax.GradientTransformation]] = {}
+WRAPPERS: dict[str, Callable[..., optax.GradientTransformation]] = {
+    "local_steps": local_steps,
+}
 
 
 def names() -> list[str]:

@@ -1,0 +1,249 @@
+"""Helpers shared by the column-wise and sparsifying compressors.
+
+One place for what 1-bit SGD, threshold and adaptive quantization, top-k
+sparsification and PowerSGD have in common:
+
+* **column views** (:func:`column_shape`, :func:`as_columns`): how a tensor of
+  any rank is read as a matrix ``(rows, cols)``;
+* **sampling** (:func:`sample_rows`): a random sample of each column, for the
+  sampled estimates of Dryden et al. §3.1/§3.3 and 3LC §4.2;
+* **selection** (:func:`kth_largest`): a per-column order statistic with a
+  dynamic rank, found with ``lax.top_k`` over a static bound instead of a sort;
+* **fixed-capacity compaction** (:func:`compact`): which selected entries fit
+  into a static number of slots, and where each goes;
+* **sparse words** (:func:`sign_words`, :func:`read_words`,
+  :func:`scatter_columns`): the selected entries as Dryden §3.2's 32-bit words
+  (:mod:`jaxcomp.codecs.sparse`: 1 sign bit, 31 index bits) in fixed slots,
+  empty slots holding :data:`EMPTY_WORD`; and :func:`rice_bits`, the exact
+  size of their delta + Golomb-Rice coding.
+
+The column view
+---------------
+A tensor of shape ``s`` is viewed as ``(prod(s[:-1]), s[-1])``: its last axis
+indexes the columns. For Flax layouts this is the natural choice, because the
+last axis is the output feature everywhere:
+
+* a Dense kernel ``(in, out)``: column ``j`` is ``x[:, j]``, the incoming
+  weights of output unit ``j``;
+* a convolution kernel HWIO ``(H, W, I, O)``: ``(H·W·I, O)``, one column per
+  output channel (its whole receptive field);
+* a vector (bias, scale) ``(n,)``: **one column** of ``n`` rows;
+* a scalar ``()``: one column of one row.
+
+The view is a plain C-order reshape, so flat index ``i`` of the tensor is row
+``i // cols``, column ``i % cols`` of the view.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple, Sequence, Union
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jaxcomp import rng
+from jaxcomp.codecs import sparse
+
+Capacity = Union[int, float]
+
+
+def column_shape(shape: Sequence[int]) -> tuple[int, int]:
+  """``(rows, cols)`` of the column view of a tensor of ``shape``."""
+  shape = tuple(int(d) for d in shape)
+  if len(shape) == 0:
+    return 1, 1
+  if len(shape) == 1:
+    return shape[0], 1
+  return math.prod(shape[:-1]), shape[-1]
+
+
+def as_columns(x: jax.Array) -> jax.Array:
+  """``x`` reshaped to its column view ``(rows, cols)``."""
+  return x.reshape(column_shape(x.shape))
+
+
+def capacity_count(capacity: Capacity, n: int) -> int:
+  """Static slots for ``n`` elements: a fraction in ``(0, 1]`` or a count ``>= 1``.
+
+  A float is a fraction of ``n`` rounded up (so any non-empty tensor gets at
+  least one slot); an int is a count. Both are capped at ``n``.
+  """
+  if isinstance(capacity, bool):
+    raise TypeError("capacity must be a fraction (float) or a count (int).")
+  if isinstance(capacity, float):
+    return min(n, math.ceil(capacity * n))
+  return min(n, int(capacity))
+
+
+def check_fraction(value: float, name: str) -> None:
+  """Raises unless ``value`` is in ``(0, 1]``."""
+  if not 0.0 < value <= 1.0:
+    raise ValueError(f"{name} must be in (0, 1]; got {value}.")
+
+
+def check_capacity(capacity: Capacity, name: str = "capacity") -> None:
+  """Raises unless ``capacity`` is a float in ``(0, 1]`` or an int ``>= 1``."""
+  if isinstance(capacity, bool) or not isinstance(capacity, (int, float)):
+    raise TypeError(f"{name} must be a fraction (float in (0, 1]) or a count (int >= 1); got {capacity!r}.")
+  if isinstance(capacity, float):
+    check_fraction(capacity, f"{name} as a fraction")
+  if isinstance(capacity, int) and capacity < 1:
+    raise ValueError(f"{name} as a count must be >= 1; got {capacity}.")
+
+
+def check_sample(sample, name: str = "sample") -> None:
+  """Raises unless ``sample`` is ``None`` or an int ``>= 1``."""
+  if sample is None:
+    return
+  if isinstance(sample, bool) or not isinstance(sample, int) or sample < 1:
+    raise ValueError(f"{name} must be None (use every entry) or an int >= 1; got {sample!r}.")
+
+
+def uses_sample(sample, rows: int) -> bool:
+  """Whether a sample of ``sample`` rows is drawn (``False``: the whole column is used)."""
+  return sample is not None and sample < rows
+
+
+def sample_rows(x2: jax.Array, key: jax.Array, k: int, impl: rng.RngImpl = "hash") -> jax.Array:
+  """``k`` entries of every column of ``x2``, drawn uniformly with replacement.
+
+  Rows are drawn independently per column (``k * cols`` draws from ``key``),
+  with replacement: cheap, and unbiased for means and quantiles.
+
+  Returns:
+    ``(k, cols)``, column ``j`` a sample of ``x2[:, j]``.
+  """
+  rows, cols = x2.shape
+  u = rng.uniform(key, k * cols, impl).reshape(k, cols)
+  idx = jnp.minimum((u * rows).astype(jnp.int32), rows - 1)
+  return jnp.take_along_axis(x2, idx, axis=0)
+
+
+def kth_largest(pool: jax.Array, valid: jax.Array, t: jax.Array, kmax: int) -> jax.Array:
+  """Per column, the ``t``-th largest valid entry of ``pool``; ``+inf`` where ``t == 0``.
+
+  Args:
+    pool: ``(m, cols)`` values.
+    valid: ``(m, cols)`` booleans: which entries take part.
+    t: int32 ``(cols,)`` ranks, ``0 <= t <= min(kmax, valid count)``.
+    kmax: static bound on ``t`` (``lax.top_k`` over ``kmax`` instead of a
+      full sort: a partial selection, as the papers ask for).
+
+  Returns:
+    float32 ``(cols,)``.
+  """
+  m = pool.shape[0]
+  kmax = max(1, min(kmax, m))
+  masked = jnp.where(valid, pool, -jnp.inf).T  # (cols, m)
+  top = lax.top_k(masked, kmax)[0]  # (cols, kmax), descending
+  at = jnp.take_along_axis(top, jnp.clip(t - 1, 0, kmax - 1)[:, None], axis=1)[:, 0]
+  return jnp.where(t > 0, at, jnp.inf)
+
+
+class Compacted(NamedTuple):
+  """Where the selected entries of each column go in a fixed number of slots."""
+
+  kept: jax.Array  # bool (rows, cols): selected and within capacity (sent)
+  slot: jax.Array  # int32 (rows, cols): the entry's slot where kept, else `capacity` (out of range)
+  rows: jax.Array  # int32 (capacity, cols): the row index held by each slot, `fill` where empty
+  count: jax.Array  # int32 (cols,): slots used
+  overflow: jax.Array  # int32 (): selected entries that did not fit
+
+
+def compact(mask: jax.Array, capacity: int, fill: int = 0) -> Compacted:
+  """Fits the selected entries of each column into ``capacity`` slots, first in row order.
+
+  When more entries are selected than fit, the ones with the smallest row
+  index win: one cumulative sum decides, with no sort. (The entries left out
+  are not sent; with error feedback they stay in the residual and compete
+  again at the next step.)
+
+  Args:
+    mask: bool ``(rows, cols)``.
+    capacity: static slots per column (``>= 1``).
+    fill: the row index written into empty slots.
+  """
+  rows, cols = mask.shape
+  pos = jnp.cumsum(mask, axis=0, dtype=jnp.int32) - 1
+  kept = jnp.logical_and(mask, pos < capacity)
+  slot = jnp.where(kept, pos, capacity)
+  col = lax.broadcasted_iota(jnp.int32, (rows, cols), 1)
+  row = lax.broadcasted_iota(jnp.int32, (rows, cols), 0)
+  slot_rows = jnp.full((capacity, cols), fill, jnp.int32).at[slot, col].set(row, mode="drop")
+  count = jnp.sum(kept, axis=0, dtype=jnp.int32)
+  overflow = jnp.sum(mask, dtype=jnp.int32) - jnp.sum(count)
+  return Compacted(kept=kept, slot=slot, rows=slot_rows, count=count, overflow=overflow)
+
+
+def gather_slots(x2: jax.Array, c: Compacted) -> jax.Array:
+  """The values of the kept entries in slot order, ``(capacity, cols)``; 0 in empty slots."""
+  rows, cols = x2.shape
+  capacity = c.rows.shape[0]
+  col = lax.broadcasted_iota(jnp.int32, (rows, cols), 1)
+  return jnp.zeros((capacity, cols), x2.dtype).at[c.slot, col].set(x2, mode="drop")
+
+
+def safe_mean(total: jax.Array, count: jax.Array) -> jax.Array:
+  """``total / count``, and 0 where ``count == 0`` (never 0/0)."""
+  return jnp.where(count > 0, total / jnp.maximum(count, 1).astype(total.dtype), 0.0)
+
+
+EMPTY_WORD = 0xFFFFFFFF
+"""An empty slot: sign bit 1 and index ``2**31 - 1`` (``sparse.MAX_INDEX``).
+
+Compressors that send words accept only tensors (or columns) with at most
+``sparse.MAX_INDEX`` entries, so this index never addresses an entry and the
+word decodes to nothing; no count has to travel with the words.
+"""
+
+
+def check_word_rows(rows: int, what: str) -> None:
+  """Raises if ``rows`` entries cannot be addressed by 31-bit word indices."""
+  if rows > sparse.MAX_INDEX:
+    raise ValueError(f"{what} has {rows} entries; 32-bit words address at most {sparse.MAX_INDEX}.")
+
+
+def sign_words(x2: jax.Array, c: Compacted) -> jax.Array:
+  """``uint32 (capacity, cols)``: per slot, the kept entry's row and sign bit (1 for ``x > 0``).
+
+  ``c`` must come from :func:`compact` with ``fill=sparse.MAX_INDEX``; empty
+  slots become :data:`EMPTY_WORD`.
+  """
+  values = gather_slots(x2, c)
+  positive = jnp.logical_or(values > 0, c.rows == sparse.MAX_INDEX)
+  return sparse.sparse_words_encode(c.rows.reshape(-1), positive.reshape(-1)).reshape(c.rows.shape)
+
+
+def read_words(words: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """``(rows int32, positive bool, used bool)`` of an array of words, same shape."""
+  rows, signs = sparse.sparse_words_decode(words)
+  return rows.reshape(words.shape), (signs > 0).reshape(words.shape), words != jnp.uint32(EMPTY_WORD)
+
+
+def scatter_columns(rows: jax.Array, values: jax.Array, shape2: tuple[int, int]) -> jax.Array:
+  """``zeros(shape2)`` with ``values[s, j]`` added at ``(rows[s, j], j)``; out-of-range rows are dropped."""
+  col = lax.broadcasted_iota(jnp.int32, rows.shape, 1)
+  return jnp.zeros(shape2, jnp.float32).at[rows, col].add(values, mode="drop")
+
+
+def rice_bits(rows: jax.Array, count: jax.Array) -> jax.Array:
+  """Exact bits of the delta + Golomb-Rice message of the first ``count`` sorted indices.
+
+  The message of :func:`jaxcomp.codecs.sparse.sparse_rice_encode` (37-bit
+  header, then per entry ``(d >> k) + 1 + k + 1`` bits, ``d`` the index gap
+  minus one), with the Rice parameter ``k`` in ``[0, 30]`` that makes it
+  shortest (the header carries ``k``, so any ``k`` decodes): a jit-able, exact
+  size of a message the codec produces with that ``k``.
+
+  Args:
+    rows: int32 ``(capacity,)``, strictly increasing over the first ``count``.
+    count: int32 scalar.
+  """
+  used = jnp.arange(rows.shape[0]) < count
+  prev = jnp.concatenate([jnp.full((1,), -1, jnp.int32), rows[:-1]])
+  d = jnp.where(used, rows - prev - 1, 0)
+  ks = jnp.arange(31, dtype=jnp.int32)
+  per_k = jnp.sum(jnp.where(used, d[None, :] >> ks[:, None], 0), axis=1) + count * (ks + 2)
+  return 37 + jnp.min(per_k)

@@ -1,0 +1,619 @@
+"""1-bit SGD, threshold and adaptive quantization, top-k, PowerSGD and local steps.
+
+Shared requirements (issue 3) for every compressor here: the same numbers under
+vmap, pmap, shard_map and shard_map+vmap; error-feedback conservation; any float
+dtype and shape; zeros stay zeros; the shared non-finite policy. Then each
+compressor's own decisions (see its module docstring).
+"""
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import jaxcomp
+from jaxcomp import parallel
+from jaxcomp.codecs import bits
+from jaxcomp.compressors import _select
+from jaxcomp.codecs import sparse
+from jaxcomp.compressors.adaptive import Adaptive
+from jaxcomp.compressors.onebit import OneBit
+from jaxcomp.compressors.powersgd import PowerSGD, orthogonalize
+from jaxcomp.compressors.threshold import Threshold
+from jaxcomp.compressors.topk import TopK
+
+from _layouts import init_state, make_runners
+
+N = 8
+KEY = jax.random.PRNGKey(0)
+
+
+def _vmap_update(tx, grads, state):
+  axes = parallel.worker_axes(state)
+  return jax.jit(jax.vmap(tx.update, in_axes=(0, axes), out_axes=(None, axes), axis_name="w"))(grads, state)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _code(comp, x, key=KEY):
+  """(payload, encoder metrics, decoded) of one tensor, jitted (compressors are hashable)."""
+  payload, metrics = comp.encode_with_metrics(x, key, None)
+  return payload, metrics, comp.decode(payload, x.shape)
+
+
+def _grads(step, n=N):
+  k1, k2 = jax.random.split(jax.random.PRNGKey(100 + step))
+  # Columns of different scales, so that per-column statistics matter.
+  scale = jnp.linspace(0.2, 3.0, 4)
+  return {"conv": jax.random.normal(k1, (n, 3, 3, 2, 4)) * scale, "bias": jax.random.normal(k2, (n, 6)) * 0.1}
+
+
+# Every compressor of this file, as make_tx(axis_name) -> optax transform.
+FACTORIES = {
+    "onebit_sampled": lambda a: jaxcomp.onebit(sample=5, axis_name=a),
+    "topk_bitmap": lambda a: jaxcomp.topk(0.2, sample=12, axis_name=a),
+    "topk_index": lambda a: jaxcomp.topk(0.2, "index", sample=None, axis_name=a),
+    "powersgd": lambda a: jaxcomp.powersgd(rank=2, axis_name=a),
+    "threshold": lambda a: jaxcomp.threshold(tau=0.5, capacity=0.25, axis_name=a),
+    "adaptive_sampled": lambda a: jaxcomp.adaptive(0.1, sample=6, axis_name=a),
+    "local_steps": lambda a: jaxcomp.local_steps(
+        optax.sgd(0.1, momentum=0.9), k=2, axis_name=a, exchange="topk", fraction=0.2, wire="index", sample=None
+    ),
+}
+# The optax transforms that feed residuals (error feedback) through jaxcomp.compress.
+EF_FACTORIES = {k: v for k, v in FACTORIES.items() if k != "local_steps"}
+
+
+# -- shared requirements -------------------------------------------------------
+
+
+# topk_index is covered by local_steps' exchange (the index wire's own aggregate).
+@pytest.mark.parametrize("name", sorted(set(FACTORIES) - {"topk_index"}))
+def test_layouts_agree(name):
+  """vmap, pmap, shard_map and shard_map+vmap give the same updates and metrics."""
+  assert len(jax.devices()) >= N
+  make_tx = FACTORIES[name]
+  params = jax.tree.map(lambda g: g[0], _grads(0))
+  results = {}
+  for layout, run in make_runners(make_tx, N).items():
+    # Host copies between steps: a device-sharded state would be a new input
+    # signature for jit/pmap and compile every layout twice.
+    state = jax.device_get(init_state(make_tx, params, N))
+    outs = []
+    for step in range(2):
+      upd, state = run(_grads(step), state)
+      state = jax.device_get(state)
+      outs.append(upd)
+    results[layout] = (outs, jaxcomp.metrics(state))
+  assert set(results) == {"vmap", "pmap", "shard_map", "shard_map+vmap"}
+  ref_outs, ref_metrics = results["vmap"]
+  # PowerSGD's float all-reduces may sum in another order on devices.
+  atol = 2e-6 if name == "powersgd" else 1e-7
+  for layout, (outs, m) in results.items():
+    for a, b in zip(ref_outs, outs):
+      jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=atol, rtol=0, err_msg=layout), a, b)
+    assert {k: float(v) for k, v in m.items()} == {k: float(v) for k, v in ref_metrics.items()}, layout
+  # Not vacuous: the update moved, and something crossed the wire.
+  assert any(float(jnp.max(jnp.abs(u))) > 0 for u in jax.tree.leaves(ref_outs))
+  assert float(ref_metrics["bytes_on_wire"]) > 0
+
+
+@pytest.mark.parametrize("name", sorted(EF_FACTORIES))
+def test_error_feedback_conservation(name):
+  """Per worker: sum of own decodes + final residual == sum of inputs; the update is their mean."""
+  W, T = 4, 6
+  tx = EF_FACTORIES[name]("w")
+  params = jax.tree.map(lambda g: g[0], _grads(0, W))
+  state = parallel.replicate_workers(tx.init(params), W)
+  step = jax.jit(lambda g, s: _vmap_update(tx, g, s))
+  total_in = jax.tree.map(jnp.zeros_like, _grads(0, W))
+  total_upd = jax.tree.map(jnp.zeros_like, params)
+  for t in range(T):
+    g = _grads(t, W)
+    upd, state = step(g, state)
+    total_in = jax.tree.map(jnp.add, total_in, g)
+    total_upd = jax.tree.map(jnp.add, total_upd, upd)
+  res = state.local.residual
+  for k in ("conv", "bias"):
+    if isinstance(res[k], optax.MaskedNode):
+      continue
+    np.testing.assert_allclose(total_upd[k], (total_in[k] - res[k]).mean(0), atol=3e-5, err_msg=k)
+  assert float(jnp.max(jnp.abs(res["conv"]))) > 0  # lossy, so the residual is not trivially zero
+
+
+@pytest.mark.parametrize("name", sorted(EF_FACTORIES))
+def test_dtypes_shapes_zeros(name):
+  """Any float dtype, scalars, size 0, all-zero input (zeros out, no NaN), under jit."""
+  tx = EF_FACTORIES[name](None)
+  params = {
+      "zero": jnp.zeros((7, 3)),
+      "scalar": jnp.array(0.0),
+      "empty": jnp.zeros((0, 4)),
+      "bf16": jnp.zeros((4, 9), jnp.bfloat16),
+      "f16": jnp.zeros((5, 5), jnp.float16),
+  }
+  grads = dict(
+      params,
+      scalar=jnp.array(-3.0),
+      bf16=jnp.linspace(-1, 1, 36, dtype=jnp.bfloat16).reshape(4, 9),
+      f16=jnp.linspace(-2, 1, 25, dtype=jnp.float16).reshape(5, 5),
+  )
+  update = jax.jit(tx.update)
+  state = tx.init(params)
+  for _ in range(2):
+    out, state = update(grads, state)
+    for k in grads:
+      assert out[k].dtype == grads[k].dtype and out[k].shape == grads[k].shape, k
+      assert np.all(np.isfinite(np.asarray(out[k], np.float32))), k
+    assert np.all(np.asarray(out["zero"]) == 0)
+    assert np.all(np.isfinite(np.asarray(state.local.residual["zero"]))) if not isinstance(
+        state.local.residual["zero"], optax.MaskedNode) else True
+  # A non-zero low-precision tensor does come through (over two steps, with error feedback).
+  assert float(jnp.max(jnp.abs(out["bf16"].astype(jnp.float32)))) > 0
+
+
+@pytest.mark.parametrize("name", sorted(EF_FACTORIES))
+@pytest.mark.parametrize("policy", ["propagate", "zero"])
+def test_nonfinite_policy(name, policy):
+  W = 2
+  tx = EF_FACTORIES[name]("w") if policy == "propagate" else _with_kwargs(name, nonfinite="zero")
+  params = {"x": jnp.zeros((6, 4))}
+  state = parallel.replicate_workers(tx.init(params), W)
+  g = jax.random.normal(KEY, (W, 6, 4))
+  g = {"x": g.at[1, 2, 3].set(jnp.nan)}
+  upd, st = _vmap_update(tx, g, state)
+  if policy == "propagate":
+    assert np.all(np.isnan(upd["x"]))
+  else:
+    assert np.all(np.isfinite(upd["x"])) and float(jnp.max(jnp.abs(upd["x"]))) > 0
+  assert np.all(np.isfinite(st.local.residual["x"]))
+  np.testing.assert_array_equal(st.local.residual["x"][1], 0.0)  # the bad worker's residual is untouched
+  assert float(jaxcomp.metrics(st)["nonfinite_tensors"]) == 0.5
+
+
+def _with_kwargs(name, **kw):
+  base = {
+      "onebit_sampled": lambda: jaxcomp.onebit(sample=5, axis_name="w", **kw),
+      "topk_bitmap": lambda: jaxcomp.topk(0.2, sample=12, axis_name="w", **kw),
+      "topk_index": lambda: jaxcomp.topk(0.2, "index", sample=None, axis_name="w", **kw),
+      "powersgd": lambda: jaxcomp.powersgd(rank=2, axis_name="w", **kw),
+      "threshold": lambda: jaxcomp.threshold(tau=0.5, capacity=0.25, axis_name="w", **kw),
+      "adaptive_sampled": lambda: jaxcomp.adaptive(0.1, sample=6, axis_name="w", **kw),
+  }
+  return base[name]()
+
+
+def test_registered():
+  for name in ("onebit", "topk", "powersgd", "threshold", "adaptive"):
+    assert name in jaxcomp.REGISTRY
+    jaxcomp.get_transform(name, axis_name="w")
+  assert "local_steps" in jaxcomp.compressors.WRAPPERS and "local_steps" in jaxcomp.names()
+  with pytest.raises(ValueError, match="make_optimizer"):
+    jaxcomp.get_transform("local_steps")
+
+
+# -- column view ----------------------------------------------------------------
+
+
+def test_column_view():
+  assert _select.column_shape(()) == (1, 1)
+  assert _select.column_shape((7,)) == (7, 1)
+  assert _select.column_shape((30, 20)) == (30, 20)  # Dense (in, out): column j = x[:, j]
+  assert _select.column_shape((5, 5, 3, 8)) == (75, 8)  # HWIO: (H*W*I, O)
+  x = jnp.arange(5 * 5 * 3 * 8.0).reshape(5, 5, 3, 8)
+  np.testing.assert_array_equal(_select.as_columns(x)[:, 2], x[..., 2].reshape(-1))
+
+
+def test_compact_first_in_row_order():
+  mask = jnp.array([[1, 0], [1, 1], [0, 1], [1, 1], [1, 0]], bool)
+  c = jax.jit(_select.compact, static_argnums=(1, 2))(mask, 2, -1)
+  np.testing.assert_array_equal(c.rows, [[0, 1], [1, 2]])
+  np.testing.assert_array_equal(c.count, [2, 2])
+  assert int(c.overflow) == 3  # rows 3 and 4 of column 0, row 3 of column 1
+  np.testing.assert_array_equal(c.kept, [[1, 0], [1, 1], [0, 1], [0, 0], [0, 0]])
+  c = jax.jit(_select.compact, static_argnums=(1, 2))(mask[:, :1] & False, 3, -1)
+  np.testing.assert_array_equal(c.rows, [[-1], [-1], [-1]])
+  assert int(c.overflow) == 0
+
+
+# -- 1-bit SGD --------------------------------------------------------------------
+
+
+def test_onebit_quantizer_per_column():
+  """x >= 0 -> 1, x < 0 -> 0; reconstruction = the column's two class means."""
+  x = jax.random.normal(KEY, (30, 20)) * jnp.linspace(0.1, 5, 20)
+  x = x.at[0, 0].set(0.0)  # zero belongs to the non-negative class
+  comp = OneBit()
+  p, _, out = _code(comp, x)
+  assert p.bits.dtype == jnp.uint8 and p.bits.shape == (75,)  # 600 bits
+  assert p.means.dtype == jnp.float32 and p.means.shape == (2, 20)
+  np.testing.assert_array_equal(bits.unpack_bits(p.bits, 600), np.asarray(x >= 0).reshape(-1))
+  xn = np.asarray(x)
+  for j in range(20):
+    col = xn[:, j]
+    np.testing.assert_allclose(p.means[0, j], col[col >= 0].mean(), rtol=1e-6)
+    np.testing.assert_allclose(p.means[1, j], col[col < 0].mean(), rtol=1e-6)
+  out = np.asarray(out)
+  np.testing.assert_allclose(out, np.where(xn >= 0, p.means[0], p.means[1]), rtol=1e-6)
+  # The class means minimise the squared error among two-level codes on these bits.
+  err = np.sum((out - xn) ** 2)
+  assert err < np.sum((np.where(xn >= 0, 1.05, 0.95) * out - xn) ** 2)
+
+
+def test_onebit_conv_and_vector_columns():
+  """HWIO kernels: one column per output channel; a vector is a single column."""
+  comp = OneBit()
+  k = jax.random.normal(KEY, (3, 3, 2, 4)) * jnp.array([1.0, 10.0, 100.0, 1000.0])
+  p = _code(comp, k)[0]
+  assert p.means.shape == (2, 4)
+  np.testing.assert_allclose(p.means[0], [float(jnp.mean(k[..., j][k[..., j] >= 0])) for j in range(4)], rtol=1e-5)
+  v = jnp.array([1.0, 3.0, -2.0, -4.0, 0.0])
+  pv, _, outv = _code(comp, v)
+  np.testing.assert_allclose(pv.means, [[4 / 3], [-3.0]], rtol=1e-6)
+  np.testing.assert_allclose(outv, [4 / 3, 4 / 3, -3, -3, 4 / 3], rtol=1e-6)
+  # Scalars and one-sided columns: the empty class has mean 0, the other is exact.
+  np.testing.assert_allclose(_code(comp, jnp.array(-2.5))[2], -2.5)
+
+
+def test_onebit_sampled_means():
+  """sample=k: the means come from k sampled entries; k >= rows is exact; EF covers the rest."""
+  x = jax.random.normal(KEY, (400, 3)) + jnp.array([0.0, 1.0, -1.0])
+  exact = OneBit().encode(x, KEY, None).means
+  np.testing.assert_array_equal(OneBit(sample=400).encode(x, KEY, None).means, exact)
+  keys = jax.random.split(KEY, 200)
+  draws = jax.jit(jax.vmap(lambda k: OneBit(sample=16).encode(x, k, None).means))(keys)
+  assert not np.allclose(draws[0], exact)  # really sampled
+  # The average of sampled means is close to the exact mean (the class count varies, so not exactly).
+  np.testing.assert_allclose(draws.mean(0), exact, atol=0.08)
+  # The bits are not sampled.
+  np.testing.assert_array_equal(OneBit(sample=16).encode(x, KEY, None).bits, OneBit().encode(x, KEY, None).bits)
+  with pytest.raises(ValueError, match="sample"):
+    OneBit(sample=0)
+
+
+def test_onebit_wire_bytes():
+  params = {"fc": jnp.zeros((800, 500)), "conv": jnp.zeros((5, 5, 1, 20))}
+  tx = jaxcomp.onebit(axis_name="w")
+  state = parallel.replicate_workers(tx.init(params), 2)
+  _, st = _vmap_update(tx, jax.tree.map(lambda p: jnp.ones((2,) + p.shape), params), state)
+  m = jaxcomp.metrics(st)
+  expected = 400000 // 8 + 8 * 500 + math.ceil(500 / 8) + 8 * 20 + 2  # bits + means + 2 flag bytes
+  assert float(m["bytes_on_wire"]) == expected
+
+
+# -- top-k ------------------------------------------------------------------------
+
+
+def test_topk_exact_selects_largest_magnitudes():
+  x = jax.random.normal(KEY, (40, 25))
+  for wire in ("bitmap", "index"):
+    comp = TopK(fraction=0.1, wire=wire, sample=None)
+    p, m, out = _code(comp, x)
+    out = np.asarray(out)
+    k = 100
+    top = np.argsort(-np.abs(np.asarray(x)).reshape(-1))[:k]
+    expect = np.zeros(1000, np.float32)
+    expect[top] = np.asarray(x).reshape(-1)[top]
+    np.testing.assert_array_equal(out.reshape(-1), expect)
+    assert int(m["overflow"]) == 0
+  assert TopK(wire="bitmap").encode(x, KEY, None).bitmap.dtype == jnp.uint8
+  pi = TopK(fraction=0.1, wire="index").encode(x, KEY, None)
+  assert pi.indices.dtype == jnp.uint32 and pi.indices.shape == (100,) and pi.values.dtype == jnp.float32
+
+
+def test_topk_sampled_threshold_and_overflow():
+  """A threshold from 4096 sampled values lets through about k entries; extra ones overflow to the residual."""
+  n = 100_000
+  x = jax.random.normal(KEY, (n,))
+  comp = TopK(fraction=0.05, sample=4096)
+  counts, overflows = [], []
+  for i in range(10):
+    key = jax.random.PRNGKey(i)
+    t = comp.threshold(x, key)
+    counts.append(int(jnp.sum(jnp.abs(x) >= t)))
+    overflows.append(int(_code(comp, x, key)[1]["overflow"]))
+  counts = np.array(counts)
+  assert np.all(np.abs(counts / 5000 - 1) < 0.2), counts  # sampling error ~7% per draw
+  assert len(set(counts)) > 1  # really sampled
+  np.testing.assert_array_equal(overflows, np.maximum(counts - 5000, 0))
+  assert np.any(np.array(overflows) > 0)
+  # Over capacity, the first selected entries in index order win.
+  key = jax.random.PRNGKey(int(np.argmax(overflows)))
+  out = np.asarray(_code(comp, x, key)[2])
+  sel = np.flatnonzero(np.abs(np.asarray(x)) >= float(comp.threshold(x, key)))
+  np.testing.assert_array_equal(np.flatnonzero(out), sel[:5000])
+
+
+def test_topk_wire_bytes_and_capacity():
+  params = {"w": jnp.zeros((1000,))}
+  for wire, expected in (("bitmap", 125 + 4 * 50), ("index", 8 * 50)):
+    tx = jaxcomp.topk(0.05, wire)
+    _, st = tx.update({"w": jnp.linspace(-1, 1, 1000)}, tx.init(params))
+    assert float(jaxcomp.metrics(st)["bytes_on_wire"]) == expected
+  tx = jaxcomp.topk(0.05, capacity=0.1)
+  _, st = tx.update({"w": jnp.linspace(-1, 1, 1000)}, tx.init(params))
+  assert float(jaxcomp.metrics(st)["bytes_on_wire"]) == 125 + 4 * 100
+  with pytest.raises(ValueError, match="wire"):
+    jaxcomp.topk(wire="csr")
+  with pytest.raises(ValueError, match="fraction"):
+    jaxcomp.topk(0.0)
+
+
+# -- threshold quantization ----------------------------------------------------------
+
+
+def test_threshold_quantizer_and_words():
+  """|x| > tau -> +-tau as 32-bit words (sign bit, 31-bit index); |x| == tau is not sent."""
+  x = jnp.array([0.3, -0.05, -0.2, 0.1, 0.0, 0.1000001, -0.1, 2.0])
+  comp = Threshold(tau=0.1, capacity=8)
+  p, m, out = _code(comp, x)
+  assert p.words.dtype == jnp.uint32 and p.words.shape == (8,)
+  sent = [(0, 1), (2, 0), (5, 1), (7, 1)]
+  expect = [(b << 31) | i for i, b in sent] + [0xFFFFFFFF] * 4
+  np.testing.assert_array_equal(np.asarray(p.words), np.array(expect, np.uint32))
+  np.testing.assert_allclose(out, [0.1, 0, -0.1, 0, 0, 0.1, 0, 0.1])
+  assert int(m["overflow"]) == 0
+  assert int(comp.encoded_bytes(p, x.shape)) == 16
+  idx, sg = sparse.sparse_words_decode(p.words[:4])  # the codec reads them
+  np.testing.assert_array_equal(idx, [0, 2, 5, 7])
+  np.testing.assert_array_equal(sg, [1, -1, 1, 1])
+
+
+def test_threshold_capacity_overflow_stays_in_residual():
+  """Over capacity, the first entries in index order are sent; the rest stay in the residual."""
+  tau = 0.5
+  x = jnp.array([1.0, -2.0, 0.1, 3.0, -0.7, 0.6, 0.2, -5.0])
+  tx = jaxcomp.threshold(tau=tau, capacity=3)
+  out, st = tx.update(x, tx.init(x))
+  np.testing.assert_allclose(out, [0.5, -0.5, 0, 0.5, 0, 0, 0, 0])
+  np.testing.assert_allclose(st.local.residual, x - out)
+  m = jaxcomp.metrics(st)
+  assert float(m["overflow"]) == 3 and float(m["bytes_on_wire"]) == 12 and float(m["encoded_bytes"]) == 12
+  assert float(m["compressed_ratio"]) == pytest.approx(32 / 12)
+
+
+def test_threshold_rice_size_is_exact():
+  """rice=True: encoded_bytes is the length of sparse_rice_encode's message (best k)."""
+  x = jax.random.normal(KEY, (5000,))
+  comp = Threshold(tau=2.0, capacity=0.05, rice=True)
+  p = _code(comp, x)[0]
+  idx, sg = sparse.sparse_words_decode(p.words)
+  used = np.asarray(p.words) != 0xFFFFFFFF
+  idx, sg = np.asarray(idx)[used], np.asarray(sg)[used]
+  assert 50 < idx.size < 250
+  best = min(sparse.sparse_rice_bits(idx, k) for k in range(31))
+  assert best <= sparse.sparse_rice_bits(idx)
+  msg = sparse.sparse_rice_encode(idx, sg, k=int(np.argmin([sparse.sparse_rice_bits(idx, k) for k in range(31)])))
+  assert int(comp.encoded_bytes(p, x.shape)) == len(msg.data) == math.ceil(best / 8)
+  back, back_sg = sparse.sparse_rice_decode(msg.data, 5000)
+  np.testing.assert_array_equal(back, idx)
+  np.testing.assert_array_equal(back_sg, sg)
+  assert int(Threshold(tau=2.0, capacity=0.05).encoded_bytes(p, x.shape)) == 4 * idx.size
+  with pytest.raises(ValueError, match="tau"):
+    jaxcomp.threshold(tau=0.0)
+
+
+# -- adaptive quantization ------------------------------------------------------------
+
+
+def test_adaptive_proportion_and_means_per_column():
+  """Each side of each column sends ceil(pi * k+-) entries; reconstruction = means of the sent."""
+  R, C, pi = 256, 5, 1 / 64
+  x = jax.random.normal(KEY, (R, C)) * jnp.arange(1, C + 1) + jnp.array([0.0, 0.5, -0.5, 0.0, 0.0])
+  x = x.at[:, 4].set(jnp.abs(x[:, 4]))  # a column with no negative entry
+  comp = Adaptive(proportion=pi)
+  p, m, out = _code(comp, x)
+  assert comp.slots(R) == 5 and p.words.shape == (5, C) and p.means.shape == (2, C)
+  assert int(m["overflow"]) == 0  # exact selection never overflows
+  out = np.asarray(out)
+  xn = np.asarray(x)
+  for j in range(C):
+    col = xn[:, j]
+    pos, neg = np.sort(col[col >= 0])[::-1], np.sort(col[col < 0])
+    t_pos, t_neg = math.ceil(pi * pos.size), math.ceil(pi * neg.size)
+    sent_pos, sent_neg = pos[:t_pos], neg[:t_neg]
+    assert np.sum(out[:, j] > 0) == t_pos and np.sum(out[:, j] < 0) == t_neg
+    np.testing.assert_array_equal(np.sort(np.flatnonzero(out[:, j] > 0)), np.sort(np.flatnonzero(np.isin(col, sent_pos))))
+    np.testing.assert_allclose(p.means[0, j], sent_pos.mean() if t_pos else 0.0, rtol=1e-6)
+    np.testing.assert_allclose(p.means[1, j], sent_neg.mean() if t_neg else 0.0, rtol=1e-6)
+  assert int(comp.encoded_bytes(p, x.shape)) == 12 * C + 4 * int(np.sum(out != 0))
+
+
+def test_adaptive_small_columns_zeros_and_conv():
+  comp = Adaptive()
+  # A column shorter than 1/pi still sends its largest entry on each side.
+  v = jnp.array([0.5, -0.25, 2.0, -3.0, 0.0])
+  np.testing.assert_allclose(_code(comp, v)[2], [0, 0, 2.0, -3.0, 0])
+  # Zeros count in k+ but are never sent.
+  z = jnp.zeros((100, 3)).at[7, 1].set(1.0)
+  np.testing.assert_array_equal(_code(comp, z)[2], z)
+  # HWIO: per output channel.
+  k = jax.random.normal(KEY, (3, 3, 8, 4))
+  p = _code(comp, k)[0]
+  assert p.words.shape == (comp.slots(72), 4)
+
+
+def test_adaptive_sampled_thresholds_overflow_counted():
+  R = 2048
+  x = jax.random.normal(KEY, (R, 4))
+  comp = Adaptive(proportion=1 / 16, sample=64)
+  sent, over = [], []
+  for i in range(8):
+    p, m, out = _code(comp, x, jax.random.PRNGKey(i))
+    n_sent = int(np.sum(np.asarray(out) != 0))
+    sent.append(n_sent)
+    over.append(int(m["overflow"]))
+    tp, tn = comp.thresholds(x, jax.random.PRNGKey(i))
+    selected = int(jnp.sum((x >= tp) & (x > 0)) + jnp.sum((x <= tn) & (x < 0)))
+    assert selected == n_sent + over[-1]
+  assert len(set(sent)) > 1  # really sampled
+  assert 0.5 < np.mean(sent) / (4 * R / 16) < 1.5
+  assert max(over) > 0  # sampling error does overflow the fixed slots sometimes
+  assert all(s <= 4 * comp.slots(R) for s in sent)
+
+
+# -- PowerSGD -----------------------------------------------------------------------
+
+
+def test_orthogonalize():
+  p = jax.random.normal(KEY, (20, 3))
+  q = orthogonalize(p)
+  np.testing.assert_allclose(q.T @ q, np.eye(3), atol=1e-5)
+  z = orthogonalize(jnp.zeros((5, 2)))
+  np.testing.assert_array_equal(z, 0.0)
+
+
+def test_powersgd_algorithm1_across_workers():
+  """P = mean(M_w) Q, orthogonalized; Q = mean(M_w)^T P; every worker decodes P Q^T; Q is kept."""
+  W, n, m, r = 3, 12, 7, 2
+  comp = PowerSGD(rank=r)
+  ms = jax.random.normal(KEY, (W, n, m))
+  q0 = comp.init_state((n, m), jax.random.PRNGKey(5))
+
+  wire = []
+
+  def worker(x):
+    ex = comp.exchange(x, KEY, "w", q0)
+    wire.append(ex.wire_bytes)
+    return ex.mean, ex.own, ex.state, ex.payload
+
+  mean, own, state, payload = jax.vmap(worker, axis_name="w", out_axes=(None, None, None, 0))(ms)
+  mbar = np.asarray(ms.mean(0))
+  p = np.asarray(orthogonalize(jnp.asarray(mbar @ np.asarray(q0))))
+  q = mbar.T @ p
+  np.testing.assert_allclose(mean, p @ q.T, atol=1e-5)
+  np.testing.assert_array_equal(own, mean)  # error feedback against the aggregate
+  np.testing.assert_allclose(state, q, atol=1e-5)
+  assert wire == [4 * r * (n + m)]
+  assert payload.p.shape == (W, n, r) and payload.q.shape == (W, m, r)
+  np.testing.assert_allclose(payload.p[1], np.asarray(ms[1]) @ np.asarray(q0), atol=1e-5)  # local, before the mean
+
+
+def test_powersgd_warm_start_converges_to_best_rank_r():
+  """Warm start = one power iteration per step: on a fixed matrix the approximation approaches the SVD's."""
+  n, m, r = 30, 20, 2
+  u, _ = jnp.linalg.qr(jax.random.normal(KEY, (n, n)))
+  v, _ = jnp.linalg.qr(jax.random.normal(jax.random.PRNGKey(1), (m, m)))
+  s = jnp.array([10.0, 5.0] + [0.5] * 18)
+  mat = (u[:, :m] * s) @ v.T
+  best = (u[:, :r] * s[:r]) @ v[:, :r].T
+  comp = PowerSGD(rank=r)
+  q = comp.init_state((n, m), KEY)
+  for _ in range(15):
+    ex = comp.exchange(mat, KEY, None, q)
+    q = ex.state
+  np.testing.assert_allclose(ex.mean, best, atol=1e-3)
+
+
+def test_powersgd_vectors_uncompressed_and_zero_input():
+  comp = PowerSGD(rank=2)
+  assert comp.matrix((7,)) == (7, 1, 0) and comp.init_state((7,), KEY) is None
+  assert comp.matrix((4, 3)) == (4, 3, 0)  # 2 * (4 + 3) >= 12: would not shrink
+  assert comp.matrix((3, 3, 2, 4)) == (18, 4, 2)  # HWIO -> (H*W*I, O)
+  tx = jaxcomp.powersgd(rank=2, axis_name="w")
+  params = {"b": jnp.zeros(6), "w": jnp.zeros((10, 8))}
+  state = parallel.replicate_workers(tx.init(params), 2)
+  g = {"b": jax.random.normal(KEY, (2, 6)), "w": jnp.zeros((2, 10, 8))}
+  upd, st = _vmap_update(tx, g, state)
+  np.testing.assert_allclose(upd["b"], g["b"].mean(0), rtol=1e-6)  # float pmean, exact
+  np.testing.assert_array_equal(st.local.residual["b"], 0.0)
+  np.testing.assert_array_equal(upd["w"], 0.0)  # zeros in, zeros out, no NaN
+  # The all-zero step did not freeze the warm start: Q is still the initial Gaussian.
+  np.testing.assert_array_equal(st.inner["w"], state.inner["w"])
+  g2 = {"b": g["b"], "w": jax.random.normal(KEY, (2, 10, 8))}
+  upd2, _ = _vmap_update(tx, g2, st)
+  assert float(jnp.max(jnp.abs(upd2["w"]))) > 0
+  m = jaxcomp.metrics(st)
+  assert float(m["bytes_on_wire"]) == 4 * 6 + 4 * 2 * (10 + 8) + 2
+
+
+def test_powersgd_without_warm_start_draws_shared_fresh_q():
+  tx = jaxcomp.powersgd(rank=1, warm_start=False, axis_name="w")
+  params = {"w": jnp.zeros((10, 8))}
+  state = parallel.replicate_workers(tx.init(params), 2)
+  g = {"w": jax.random.normal(KEY, (2, 10, 8))}
+  upd1, st = _vmap_update(tx, g, state)
+  upd2, _ = _vmap_update(tx, g, st)
+  assert not np.allclose(upd1["w"], upd2["w"])  # a different Q each step (residual aside)
+
+
+# -- local steps ---------------------------------------------------------------------
+
+
+def test_local_steps_matches_multisteps_single_worker():
+  """One worker, float exchange: the same trajectory as optax.MultiSteps (mean of k gradients)."""
+  opt = optax.sgd(0.1, momentum=0.9)
+  ours = jaxcomp.local_steps(opt, k=3)
+  ref = optax.MultiSteps(opt, every_k_schedule=3, use_grad_mean=True)
+  params = {"w": jnp.ones((5, 4)), "b": jnp.zeros(4)}
+  s1, s2 = ours.init(params), ref.init(params)
+  u1f, u2f = jax.jit(ours.update), jax.jit(ref.update)
+  for t in range(7):
+    g = jax.tree.map(lambda p: jax.random.normal(jax.random.PRNGKey(t), p.shape), params)
+    u1, s1 = u1f(g, s1, params)
+    u2, s2 = u2f(g, s2, params)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), u1, u2)
+    if t % 3 != 2:
+      assert all(float(jnp.max(jnp.abs(u))) == 0 for u in jax.tree.leaves(u1))
+
+
+def test_local_steps_optimizer_and_wire_only_on_exchange_steps():
+  W, k = 4, 2
+  tx = jaxcomp.make_optimizer("local_steps", optax.sgd(1.0, momentum=0.9), k=k, axis_name="w")
+  params = {"w": jnp.zeros((6, 4))}
+  state = parallel.replicate_workers(tx.init(params), W)
+  step = jax.jit(lambda g, s: _vmap_update(tx, g, s))
+  wire = []
+  prev_trace = state.inner[0].trace
+  for t in range(5):
+    g = {"w": jax.random.normal(jax.random.PRNGKey(t), (W, 6, 4))}
+    upd, state = step(g, state)
+    m = jaxcomp.metrics(state)
+    wire.append(float(m["bytes_on_wire"]))
+    assert float(m["float32_bytes"]) == 4 * 24  # the reference size, every step
+    if t % k == 0:  # no exchange: zero update, momentum untouched
+      np.testing.assert_array_equal(upd["w"], 0.0)
+      np.testing.assert_array_equal(state.inner[0].trace["w"], prev_trace["w"])
+    else:
+      assert float(jnp.max(jnp.abs(upd["w"]))) > 0
+    prev_trace = state.inner[0].trace
+  assert wire == [0.0, 4 * 24, 0.0, 4 * 24, 0.0]
+  # The open window (step 4) is in the worker's accumulator.
+  np.testing.assert_allclose(state.local.residual["w"], jax.random.normal(jax.random.PRNGKey(4), (W, 6, 4)), atol=1e-6)
+
+
+def test_local_steps_accounting_float_exchange():
+  """k * sum of updates (sgd, lr 1) + mean_w(accumulator) == mean_w(sum of gradients)."""
+  W, k, T = 3, 3, 7
+  tx = jaxcomp.local_steps(optax.sgd(1.0), k=k, axis_name="w")
+  state = parallel.replicate_workers(tx.init(jnp.zeros(5)), W)
+  step = jax.jit(lambda g, s: _vmap_update(tx, g, s))
+  total_in, total_upd = jnp.zeros((W, 5)), jnp.zeros(5)
+  for t in range(T):
+    g = jax.random.normal(jax.random.PRNGKey(t), (W, 5))
+    upd, state = step(g, state)
+    total_in += g
+    total_upd += upd
+  acc = state.local.residual
+  assert float(jnp.max(jnp.abs(acc))) > 0  # T is not a multiple of k: an open window
+  np.testing.assert_allclose(-k * total_upd + acc.mean(0), total_in.mean(0), atol=1e-5)
+
+
+def test_local_steps_k1_is_a_chain_and_bad_arguments():
+  opt = optax.sgd(0.1, momentum=0.9)
+  a = jaxcomp.local_steps(opt, k=1, exchange="topk", fraction=0.5, sample=None)
+  b = optax.chain(jaxcomp.topk(0.5, sample=None), opt)
+  params = jnp.zeros(10)
+  sa, sb = a.init(params), b.init(params)
+  for t in range(3):
+    g = jax.random.normal(jax.random.PRNGKey(t), (10,))
+    ua, sa = a.update(g, sa, params)
+    ub, sb = b.update(g, sb, params)
+    np.testing.assert_allclose(ua, ub, atol=1e-7)
+  with pytest.raises(ValueError, match="k must"):
+    jaxcomp.local_steps(opt, k=0)
+  with pytest.raises(TypeError, match="compressor"):
+    jaxcomp.local_steps(opt, k=2, fraction=0.1)
