@@ -16,7 +16,7 @@ import optax
 import pytest
 
 import jaxcomp
-from jaxcomp import parallel
+from jaxcomp import core, parallel
 from jaxcomp.codecs import base243, zerorun
 from jaxcomp.compressors.qsgd import code_width, levels_for_bits
 from jaxcomp.compressors.threelc import ThreeLC, quantize_3value
@@ -182,12 +182,12 @@ def test_error_feedback_conservation(name):
 
 def _bytes(comp, n):
   x = jnp.linspace(-1.0, 1.0, n)
-  p = comp.encode(x, jax.random.PRNGKey(0), comp.agree(x))
+  p = jax.eval_shape(lambda x, k: comp.encode(x, k, comp.agree(x)), x, jax.random.PRNGKey(0))  # shapes only
   leaves = jax.tree.leaves(p)
   for leaf in leaves:  # the wire is packed integers plus float32 scales
     assert leaf.dtype in (jnp.uint8, jnp.int8, jnp.int32, jnp.float32), leaf.dtype
     assert leaf.dtype != jnp.float32 or leaf.size <= -(-n // 64) + 1, "floats only as scales"
-  return sum(leaf.nbytes for leaf in leaves)
+  return core.tree_nbytes(p)
 
 
 def test_exact_bytes_on_wire():
@@ -310,6 +310,22 @@ def test_qsgd_buckets_padding_and_zero_bucket():
   out = np.asarray(comp.decode(p, x.shape))
   np.testing.assert_array_equal(out, [0, 0, 0, 0, 3, -3, 3, -3, 0.5])  # |v| = max: exact
   assert p.codes.shape == (math.ceil(9 * 2 / 8),)
+
+
+@pytest.mark.parametrize("levels,bucket", [(7, 16), (3, 5), (7, None), (127, 24)])
+def test_qsgd_exact_on_levels_both_packings(levels, bucket):
+  """Values on the grid l/s*M decode exactly, whether buckets are packed per row (d*b % 8 == 0) or not."""
+  n = 203
+  rs = np.random.RandomState(levels)
+  lv = rs.randint(-levels, levels + 1, size=n).astype(np.float32)
+  d = n if bucket is None else bucket
+  for start in range(0, n, d):  # every bucket holds its max-norm level, so M = 3 exactly
+    lv[start] = levels
+  x = jnp.asarray(lv * (3.0 / levels))
+  comp = jaxcomp.QSGD(levels=levels, bucket_size=bucket)
+  p = comp.encode(x, jax.random.PRNGKey(0), None)
+  assert p.codes.shape == (math.ceil(n * code_width(levels) / 8),)
+  np.testing.assert_allclose(np.asarray(comp.decode(p, x.shape)), np.asarray(x), rtol=1e-6, atol=1e-6)
 
 
 # -- 3LC --------------------------------------------------------------------------
