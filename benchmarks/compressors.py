@@ -1,0 +1,198 @@
+"""Encode + decode throughput of every registered compressor, beside a float32 copy.
+
+For each compressor in :data:`jaxcomp.REGISTRY` (built with its default
+arguments) and each tensor size, on one synthetic float32 Gaussian tensor
+(synthetic data: this is a throughput benchmark only):
+
+* ``encode``: ``jit(x, key -> encode(x, key, agree(x)))``, the payload
+  materialised (block_until_ready on its arrays);
+* ``decode``: ``jit(payload -> decode(payload, shape))``;
+* ``throughput = n / (t_encode + t_decode)`` in million elements per second;
+* compressors with a custom exchange (several collectives, e.g. PowerSGD) are
+  timed through ``exchange(x, key, axis_name=None, state)`` as one call.
+
+The reference is a jitted float32 multiply-copy ``x * 2`` of the same tensor
+(it reads and writes every element once: the memory-bandwidth bound). Every
+repeat times the copy, the encode and the decode back to back; times are the
+medians over ``--repeats`` repeats (after two warm-up calls each), and
+``vs copy`` is the median of the per-repeat ratios ``t_copy / (t_encode +
+t_decode)``, so each ratio compares calls made side by side on a shared,
+noisy machine.
+
+Usage::
+
+    python -m benchmarks.compressors [--sizes 1M,4M,16M] [--repeats 7] [--only terngrad,threelc]
+        [--json out.json]
+
+Prints a table and a JSON document (to stdout, or to ``--json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from typing import Any, Callable
+from unittest import mock
+
+import jax
+import jax.numpy as jnp
+
+import jaxcomp
+from jaxcomp import core
+from jaxcomp import transforms
+
+# Targets of issue 3, as fractions of the copy's throughput.
+TARGET_ALL = 0.10
+TARGET_FAST = {"terngrad": 0.25, "threelc": 0.25, "int8": 0.25}
+
+# Variants beyond the registry defaults that the docs quote (name -> (registry name, kwargs)).
+VARIANTS = {
+    "threelc[capacity=0.5]": ("threelc", {"capacity": 0.5}),
+    "qsgd[8bit]": ("qsgd", {"bits_per_value": 8}),
+}
+
+
+def compressor_of(name: str, **kwargs: Any) -> core.Compressor:
+  """The Compressor a registry factory builds (every factory calls ``transforms.compress``)."""
+  captured = []
+  real = transforms.compress
+
+  def capture(compressor, **kw):
+    captured.append(compressor)
+    return real(compressor, **kw)
+
+  with mock.patch.object(transforms, "compress", capture):
+    jaxcomp.REGISTRY[name](**kwargs)
+  if not captured or captured[-1] is None:
+    raise LookupError(f"{name!r} builds no compressor")
+  return captured[-1]
+
+
+def parse_size(s: str) -> int:
+  s = s.strip().upper()
+  mult = {"K": 2**10, "M": 2**20, "G": 2**30}.get(s[-1:], 1)
+  return int(float(s[:-1] if s[-1:] in "KMG" else s) * mult)
+
+
+def _block(tree):
+  for leaf in jax.tree.leaves(tree):
+    leaf.block_until_ready()
+  return tree
+
+
+def _once(fn: Callable[[], Any]) -> float:
+  t0 = time.perf_counter()
+  _block(fn())
+  return time.perf_counter() - t0
+
+
+def bench_one(comp: core.Compressor, x: jax.Array, key: jax.Array, copy: Callable, repeats: int) -> dict[str, float]:
+  """Median times of encode, decode and the copy, and the median of the per-repeat ratios.
+
+  Every repeat times the copy, the encode and the decode back to back, so a
+  ratio compares calls made within milliseconds of each other (the machine is
+  shared: its speed drifts between repeats).
+  """
+  shape = x.shape
+  if comp.custom_exchange:
+    state = comp.init_state(shape, jax.random.PRNGKey(1))
+    # The payload is an output too, so XLA cannot drop the encoding work the mean does not need.
+    ex = jax.jit(lambda x, k, s: (lambda e: (e.mean, e.payload, e.state))(comp.exchange(x, k, None, s)))
+    steps = {"total_s": lambda: ex(x, key, state)}
+    payload_bytes = float("nan")
+  else:
+    enc = jax.jit(lambda x, k: comp.encode(x, k, comp.agree(x)))
+    dec = jax.jit(lambda p: comp.decode(p, shape))
+    payload = _block(enc(x, key))
+    steps = {"encode_s": lambda: enc(x, key), "decode_s": lambda: dec(payload)}
+    payload_bytes = core.tree_nbytes(payload)
+  for fn in list(steps.values()) * 2 + [lambda: copy(x)] * 2:  # warm-up (compiles)
+    _block(fn())
+  samples = {k: [] for k in steps}
+  copies, ratios = [], []
+  for _ in range(repeats):
+    t_copy = _once(lambda: copy(x))
+    ts = {k: _once(fn) for k, fn in steps.items()}
+    for k, t in ts.items():
+      samples[k].append(t)
+    copies.append(t_copy)
+    ratios.append(t_copy / sum(ts.values()))
+  out = {k: statistics.median(v) for k, v in samples.items()}
+  if "total_s" not in out:
+    out["total_s"] = statistics.median([e + d for e, d in zip(samples["encode_s"], samples["decode_s"])])
+  out.update(copy_s=statistics.median(copies), vs_copy=statistics.median(ratios), payload_bytes=payload_bytes)
+  return out
+
+
+def main(argv=None) -> dict:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--sizes", default="1M,4M,16M", help="comma-separated element counts (K/M suffixes)")
+  parser.add_argument("--repeats", type=int, default=7)
+  parser.add_argument("--only", default="", help="comma-separated compressor names (registry or variant)")
+  parser.add_argument("--no-variants", action="store_true", help="registry defaults only")
+  parser.add_argument("--json", default="", help="write the JSON here instead of stdout")
+  args = parser.parse_args(argv)
+
+  entries = {}
+  for name in sorted(jaxcomp.REGISTRY):
+    try:
+      entries[name] = compressor_of(name)
+    except LookupError:
+      continue  # "none": the float baseline has no compressor
+  if not args.no_variants:
+    for vname, (base, kw) in VARIANTS.items():
+      if base in jaxcomp.REGISTRY:
+        entries[vname] = compressor_of(base, **kw)
+  if args.only:
+    wanted = [w.strip() for w in args.only.split(",") if w.strip()]
+    unknown = [w for w in wanted if w not in entries]
+    if unknown:
+      parser.error(f"unknown compressors {unknown}; known: {sorted(entries)}")
+    entries = {k: entries[k] for k in wanted}
+
+  copy = jax.jit(lambda x: x * jnp.float32(2.0))
+  results = []
+  for size in [parse_size(s) for s in args.sizes.split(",")]:
+    x = jax.random.normal(jax.random.PRNGKey(0), (size,), jnp.float32)
+    key = jax.random.PRNGKey(1)
+    for name, comp in entries.items():
+      r = bench_one(comp, x, key, copy, args.repeats)
+      r.update(compressor=name, size=size, melem_per_s=size / r["total_s"] / 1e6,
+               copy_melem_per_s=size / r["copy_s"] / 1e6)
+      target = TARGET_FAST.get(name, TARGET_ALL)
+      r.update(target=target, meets_target=bool(r["vs_copy"] >= target))
+      results.append(r)
+      print(f"  measured {name} n={size}: {r['melem_per_s']:.0f} M el/s, {r['vs_copy']:.1%} of copy", file=sys.stderr)
+
+  print(f"{'compressor':26s} {'n':>9s} {'enc ms':>8s} {'dec ms':>8s} {'M el/s':>8s} {'copy M/s':>9s} "
+        f"{'vs copy':>8s} {'target':>9s}")
+  for r in results:
+    enc = r.get("encode_s", float("nan")) * 1e3
+    dec = r.get("decode_s", float("nan")) * 1e3
+    tgt = f"{'ok' if r['meets_target'] else 'MISS'} {r['target']:.0%}"
+    print(f"{r['compressor']:26s} {r['size']:9d} {enc:8.2f} {dec:8.2f} {r['melem_per_s']:8.0f} "
+          f"{r['copy_melem_per_s']:9.0f} {r['vs_copy']:8.1%} {tgt:>9s}")
+  doc = {
+      "benchmark": "compressors",
+      "data": "synthetic float32 Gaussian (throughput only)",
+      "jax": jax.__version__,
+      "backend": jax.default_backend(),
+      "machine": platform.machine(),
+      "repeats": args.repeats,
+      "results": results,
+  }
+  text = json.dumps(doc, indent=1, default=float)
+  if args.json:
+    with open(args.json, "w") as f:
+      f.write(text + "\n")
+  else:
+    print(text)
+  return doc
+
+
+if __name__ == "__main__":
+  main()
