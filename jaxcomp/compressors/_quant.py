@@ -1,9 +1,10 @@
-"""Small helpers shared by the scaled quantizers (3LC, int8, QSGD, EF-SignSGD)."""
+"""Small helpers shared by the quantizers of this package (3LC, int8, QSGD, stochastic ternary)."""
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 
 def max_abs(x: jax.Array, axis=None) -> jax.Array:
@@ -14,3 +15,19 @@ def max_abs(x: jax.Array, axis=None) -> jax.Array:
 def safe_reciprocal(a: jax.Array) -> jax.Array:
   """``1/a``, and 0 where ``a == 0``: a tensor (or bucket) of zeros quantizes to zeros, no 0/0."""
   return jnp.where(a > 0, 1.0 / jnp.where(a > 0, a, 1.0), 0.0)
+
+
+def materialize(a: jax.Array) -> jax.Array:
+  """``a`` unchanged, but computed into its own buffer before its consumers run.
+
+  XLA fuses an elementwise producer (a quantizer) into its consumers. Before
+  base-3^5 encoding that is slow on XLA:CPU: the encoder pads the codes and
+  cuts them into five partitions, and the fused loop that evaluates the
+  quantizer through the pad ran 2-3x slower than quantizing into an int8
+  array and encoding that (3LC's encode at 4M elements: 440 -> 1320 M
+  elements/s; see docs/benchmarks.md). XLA does not fuse a reduction into its
+  consumers, so a sum over the stacked pair ``(a, 0)`` (exact for integers)
+  ends the fusion here; ``lax.optimization_barrier`` is dropped before fusion
+  on CPU and does not.
+  """
+  return lax.reduce(jnp.stack([a, jnp.zeros_like(a)]), jnp.zeros((), a.dtype), lax.add, (0,))

@@ -48,6 +48,7 @@ from jaxcomp import parallel
 from jaxcomp import rng
 from jaxcomp import transforms
 from jaxcomp.codecs import base243
+from jaxcomp.compressors._quant import materialize
 from jaxcomp.compressors.terngrad import TernGrad, ternarize
 
 
@@ -75,7 +76,7 @@ class StochasticTernary(TernGrad):
   def encode(self, x, key, agreed):
     scale = agreed if agreed is not None else self._local_scale(x)
     codes = ternarize(x.reshape(-1), scale, rng.uniform(key, x.size, self.rng))
-    return StochasticTernaryPayload(codes=base243.base243_encode(codes), scale=scale.astype(jnp.float32))
+    return StochasticTernaryPayload(codes=base243.base243_encode(materialize(codes)), scale=scale.astype(jnp.float32))
 
   def decode(self, payload, shape):
     codes = base243.base243_decode(payload.codes, core.size_of(shape))

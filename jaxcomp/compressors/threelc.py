@@ -77,7 +77,7 @@ from jaxcomp import parallel
 from jaxcomp import transforms
 from jaxcomp.codecs import base243
 from jaxcomp.codecs import zerorun
-from jaxcomp.compressors._quant import max_abs, safe_reciprocal
+from jaxcomp.compressors._quant import materialize, max_abs, safe_reciprocal
 
 
 class ThreeLCPayload(NamedTuple):
@@ -95,7 +95,7 @@ def quantize_3value(x: jax.Array, sparsity: float) -> tuple[jax.Array, jax.Array
   """§3.1: ``(round(x/m) as int8, m)`` with ``m = max|x| · sparsity``."""
   m = max_abs(x) * jnp.float32(sparsity)
   q = jnp.round(x.reshape(-1) * safe_reciprocal(m)).astype(jnp.int8)
-  return q, m.astype(jnp.float32)
+  return materialize(q), m.astype(jnp.float32)
 
 
 @dataclasses.dataclass(frozen=True)
