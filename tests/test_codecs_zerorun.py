@@ -245,7 +245,7 @@ def test_end_to_end_with_base243_on_sparse_ternary():
 # ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("n", [1, 1024, 1025, 40_000])
+@pytest.mark.parametrize("n", [1, 1024, 1025, 40_000, 600_000])
 def test_row_scan_helper_matches_numpy(n):
   from jax import lax
 
@@ -256,6 +256,10 @@ def test_row_scan_helper_matches_numpy(n):
   np.testing.assert_array_equal(np.asarray(got), np.cumsum(x))
   got = jax.jit(lambda v: _common.scan_1d(v, lax.max, 0))(x)
   np.testing.assert_array_equal(np.asarray(got), np.maximum.accumulate(x))
+  got = jax.jit(lambda v: _common.scan_1d(v, lax.max, 0, exclusive=True))(x)
+  np.testing.assert_array_equal(np.asarray(got), np.maximum.accumulate(np.r_[0, x[:-1]]))
+  got = jax.jit(_common.exclusive_cumsum_i32)(x)
+  np.testing.assert_array_equal(np.asarray(got), np.cumsum(x) - x)
 
 
 def test_large_stream_matches_reference():

@@ -119,17 +119,34 @@ def per_segment(v: jax.Array, width: int) -> jax.Array:
 
 
 def scan_1d(x: jax.Array, op: Callable[[jax.Array, jax.Array], jax.Array],
-            identity: Any, width: int = 32) -> jax.Array:
-  """Inclusive scan of a 1-D array (the short array of per-row values).
+            identity: Any, exclusive: bool = False) -> jax.Array:
+  """Inclusive (or exclusive) scan of a short 1-D array (per-row values).
 
-  Blocked and recursive: a ``lax.reduce_window`` scans inside blocks of
-  ``width`` (one op, ``width`` steps per element), the block totals are
-  scanned the same way, and one elementwise ``op`` adds the carries; arrays
-  of at most 1024 elements take a single ``reduce_window``. This is a handful
-  of XLA ops, against ~``log2(n)`` for ``jnp.cumsum`` (an associative scan),
-  which matters on a loaded CPU where every op costs a dispatch. ``op`` is
-  ``lax.add`` or ``lax.max`` (with ``identity`` 0 for non-negative values).
+  Blocked: ``lax.reduce_window`` scans inside blocks of 32, the block totals
+  are scanned the same way (recursively), and the carries are added in a
+  ``lax.scan`` over 16 chunks of rows.
+
+  That last loop is there for the consumers. Scans built from elementwise
+  ops end in an elementwise stage (``jnp.cumsum`` too), which XLA fuses into
+  each per-byte consumer, where it is re-evaluated for every byte and stops
+  the loop from vectorizing; XLA also rewrites reduce-based tricks back into
+  elementwise ops. The output of a loop is a materialized array. Measured on
+  the zero-run position computation: 12.7 ms with a fused scan, 2.2 ms with
+  this one, 1.4 ms with no scan at all (3.4 M bytes).
+
+  Args:
+    x: 1-D array.
+    op: ``lax.add``, or ``lax.max`` over non-negative values.
+    identity: 0 (the identity of both).
+    exclusive: whether element ``i`` leaves out ``x[i]`` (the scan of ``x``
+      shifted right by one).
   """
+  if exclusive and x.shape[0]:
+    x = jnp.concatenate([jnp.full((1,), identity, x.dtype), x[:-1]])
+  return _scan(x, op, identity, materialize=True)
+
+
+def _scan(x, op, identity, materialize: bool, width: int = 32, chunks: int = 16):
   n = x.shape[0]
   init = jnp.asarray(identity, x.dtype)
   if n == 0:
@@ -140,15 +157,22 @@ def scan_1d(x: jax.Array, op: Callable[[jax.Array, jax.Array], jax.Array],
   xp = jnp.pad(x, (0, rows * width - n), constant_values=identity)
   blocks = lax.reduce_window(xp.reshape(rows, width), init, op, (1, width),
                              (1, 1), [(0, 0), (width - 1, 0)])
-  totals = scan_1d(blocks[:, -1], op, identity, width)
+  totals = _scan(blocks[:, -1], op, identity, materialize=False)
   carry = jnp.concatenate([jnp.full((1,), identity, x.dtype), totals[:-1]])
-  return op(blocks, carry[:, None]).reshape(-1)[:n]
+  if not materialize:
+    return op(blocks, carry[:, None]).reshape(-1)[:n]
+  per = ceil_div(rows, chunks)
+  blocks = jnp.pad(blocks, ((0, chunks * per - rows), (0, 0)))
+  carry = jnp.pad(carry, (0, chunks * per - rows))
+  _, out = lax.scan(lambda c, bc: (c, op(bc[0], bc[1][:, None])), None,
+                    (blocks.reshape(chunks, per, width),
+                     carry.reshape(chunks, per)))
+  return out.reshape(-1)[:n]
 
 
 def exclusive_cumsum_i32(x: jax.Array) -> jax.Array:
   """Exclusive prefix sum in int32 of a short 1-D array (see :func:`scan_1d`)."""
-  x = x.astype(jnp.int32)
-  return scan_1d(x, lax.add, 0) - x
+  return scan_1d(x.astype(jnp.int32), lax.add, 0, exclusive=True)
 
 
 ROW = 32  # bytes per row of the zero-run kernels: one uint32 mask per row

@@ -118,9 +118,10 @@ def _plan(b: jax.Array):
   # Length (mod 14) of the run of 121s that enters each row from the left.
   row_base = jnp.arange(rows, dtype=jnp.int32) * w
   row_last = bit_length32(other).astype(jnp.int32)
-  last = scan_1d(jnp.where(row_last > 0, row_base + row_last, 0), lax.max,
-                 0)  # 1 + global index of the last non-121 up to row end
-  entering = row_base - jnp.pad(last[:-1], (1, 0))
+  # 1 + global index of the last non-121 byte before each row (0 if none).
+  last_before = scan_1d(jnp.where(row_last > 0, row_base + row_last, 0),
+                        lax.max, 0, exclusive=True)
+  entering = row_base - last_before
   carry = per_segment((entering % MAX_RUN).astype(jnp.uint32), w)
   offset = jnp.where(m == 0, (lane + carry) % MAX_RUN,
                      (lane - m) % MAX_RUN)  # (i - s) mod 14
