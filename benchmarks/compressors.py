@@ -22,7 +22,7 @@ noisy machine.
 Usage::
 
     python -m benchmarks.compressors [--sizes 1M,4M,16M] [--repeats 7] [--only terngrad,threelc]
-        [--json out.json]
+        [--json out.json] [--markdown]
 
 Prints a table and a JSON document (to stdout, or to ``--json``).
 """
@@ -128,6 +128,23 @@ def bench_one(comp: core.Compressor, x: jax.Array, key: jax.Array, copy: Callabl
   return out
 
 
+def markdown(results: list[dict]) -> str:
+  """The results as a Markdown table (median ms; ratio = median of per-repeat t_copy / t_compressor)."""
+  lines = [
+      "| compressor | n | encode ms | decode ms | M el/s | copy M el/s | vs copy | target |",
+      "|---|---:|---:|---:|---:|---:|---:|---|",
+  ]
+  fmt = lambda v: "—" if v != v else f"{v * 1e3:.2f}"  # NaN: timed as one exchange
+  for r in results:
+    tgt = f"{'met' if r['meets_target'] else '**missed**'} ({r['target']:.0%})"
+    lines.append(
+        f"| `{r['compressor']}` | {r['size'] // 2**20}M | {fmt(r.get('encode_s', float('nan')))} | "
+        f"{fmt(r.get('decode_s', float('nan')))} | {r['melem_per_s']:.0f} | {r['copy_melem_per_s']:.0f} | "
+        f"{r['vs_copy']:.1%} | {tgt} |"
+    )
+  return "\n".join(lines)
+
+
 def main(argv=None) -> dict:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--sizes", default="1M,4M,16M", help="comma-separated element counts (K/M suffixes)")
@@ -135,6 +152,7 @@ def main(argv=None) -> dict:
   parser.add_argument("--only", default="", help="comma-separated compressor names (registry or variant)")
   parser.add_argument("--no-variants", action="store_true", help="registry defaults only")
   parser.add_argument("--json", default="", help="write the JSON here instead of stdout")
+  parser.add_argument("--markdown", action="store_true", help="also print the table as Markdown (docs/benchmarks.md)")
   args = parser.parse_args(argv)
 
   entries = {}
@@ -176,6 +194,8 @@ def main(argv=None) -> dict:
     tgt = f"{'ok' if r['meets_target'] else 'MISS'} {r['target']:.0%}"
     print(f"{r['compressor']:26s} {r['size']:9d} {enc:8.2f} {dec:8.2f} {r['melem_per_s']:8.0f} "
           f"{r['copy_melem_per_s']:9.0f} {r['vs_copy']:8.1%} {tgt:>9s}")
+  if args.markdown:
+    print(markdown(results))
   doc = {
       "benchmark": "compressors",
       "data": "synthetic float32 Gaussian (throughput only)",

@@ -120,6 +120,8 @@ def pack_uint(codes: Any, width: int) -> jax.Array:
   if not jnp.issubdtype(flat.dtype, jnp.integer) and flat.dtype != jnp.bool_:
     raise TypeError(f"pack_uint expects integer codes; got dtype {flat.dtype}.")
   n = flat.shape[0]
+  if width == 8:  # every plane is a partition and the tail is byte-aligned: the bytes are the codes
+    return flat.astype(jnp.uint8)
   dt = _work_dtype(width)
   flat = flat.astype(dt)
   g, r = divmod(n, 8)
@@ -154,6 +156,8 @@ def unpack_uint(b: Any, width: int, n: int) -> jax.Array:
     raise ValueError(
         f"unpack_uint: {n} codes of {width} bits need {ceil_div(n * width, 8)} bytes, "
         f"got {b.shape[0]} (truncated or wrong n/width)")
+  if width == 8:
+    return b
   dt = _work_dtype(width)
   g, r = divmod(n, 8)
   by = b.astype(dt)
