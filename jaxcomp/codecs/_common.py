@@ -220,22 +220,33 @@ def bit_length32(x: jax.Array) -> jax.Array:
   return jnp.uint32(32) - lax.clz(x)
 
 
-def scatter_1d(size: int, fill: Any, indices: jax.Array,
-               updates: jax.Array) -> jax.Array:
-  """``jnp.full(size, fill).at[indices].set(updates)``, out-of-range dropped.
+def scatter_1d(size: int, fill: Any, indices: jax.Array, updates: jax.Array,
+               spare_slot: bool = False) -> jax.Array:
+  """``jnp.full(size, fill).at[indices].set(updates)``, out of range dropped.
 
-  Out-of-range indices (the "do not write" marker of the callers) are sent to
-  a spare slot past the end instead of being dropped by the scatter: XLA:CPU
-  drops them with a branch per element, which mispredicts when kept and
-  dropped elements are interleaved at random (measured 3-4x slower at 40%
-  kept). Calls ``lax.scatter`` directly because ``.at[]`` also wraps negative
-  indices.
+  XLA:CPU drops an out-of-range index with a branch per element, which
+  mispredicts when kept and dropped elements interleave at random (measured
+  3-4x slower at 40% kept). Callers avoid that in one of two ways:
+
+  * every element writes: an element with nothing to write targets a slot
+    that another element writes with the same value (the order of duplicate
+    writes then does not matter), and the indices past the end form one
+    contiguous tail, which predicts perfectly;
+  * ``spare_slot=True``: out-of-range indices (the callers' "skip" marker)
+    go to a spare slot past the end, dropped with a slice afterwards.
+
+  ``lax.scatter`` is called directly because ``.at[]`` also wraps negative
+  indices (a compare and a select per element).
   """
   dnums = lax.ScatterDimensionNumbers(update_window_dims=(),
                                       inserted_window_dims=(0,),
                                       scatter_dims_to_operand_dims=(0,))
+  if not spare_slot:
+    return lax.scatter(jnp.full((size,), fill, updates.dtype),
+                       indices[:, None], updates, dnums,
+                       mode=lax.GatherScatterMode.FILL_OR_DROP)
   indices = jnp.where((indices >= 0) & (indices < size), indices, size)
-  buf = jnp.full((size + 1,), fill, updates.dtype)
-  buf = lax.scatter(buf, indices[:, None], updates, dnums,
+  buf = lax.scatter(jnp.full((size + 1,), fill, updates.dtype),
+                    indices[:, None], updates, dnums,
                     mode=lax.GatherScatterMode.PROMISE_IN_BOUNDS)
   return buf[:size]
