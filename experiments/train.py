@@ -31,13 +31,12 @@ Outputs in ``workdir``:
 from __future__ import annotations
 
 import csv
-import functools
 import json
 import math
 import os
 import sys
 import time
-from typing import Any, Iterator, NamedTuple, Optional
+from typing import Any, NamedTuple, Optional
 
 from absl import app
 from absl import flags
