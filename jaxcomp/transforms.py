@@ -25,6 +25,7 @@ worker); with an axis name it performs the exchange, so the train step needs no
 
 from __future__ import annotations
 
+import re
 from typing import Any, Callable, Literal, NamedTuple, Optional, Union
 
 import jax
@@ -114,6 +115,7 @@ def compress(
     min_size: int = 0,
     seed: int = 0,
     nonfinite: NonFinitePolicy = "propagate",
+    tensor_metrics: Optional[str] = None,
 ) -> optax.GradientTransformationExtraArgs:
   """Compresses, exchanges and averages gradients.
 
@@ -139,6 +141,14 @@ def compress(
       ``"zero"``: the worker sends that tensor as zeros for this step and keeps
       its residual; nothing extra crosses the wire. Either way the count of
       non-finite tensors is reported as the metric ``nonfinite_tensors``.
+    tensor_metrics: a regular expression (``re.search``) on tensor paths
+      (see :func:`path_str`, e.g. ``"fc6/kernel"``). Every compressed tensor
+      it matches reports two more counters, for this worker's own message:
+      ``"zeros:<path>"``, the elements that decode to exactly 0, and
+      ``"elements:<path>"``, its size; their ratio is the sparsity of what
+      the worker sent (TernGrad Fig. 4(c): 71.32% of AlexNet's fc6 codes are
+      0). Counted on the worker, never sent; with neither error feedback nor
+      a custom exchange it costs one extra decode of each matched tensor.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` whose updates are the
@@ -153,6 +163,14 @@ def compress(
   if compressor is None and error_feedback:
     raise ValueError("error_feedback needs a compressor.")
   keys = _metric_keys(compressor)
+  tracked_re = re.compile(tensor_metrics) if tensor_metrics else None
+
+  def tracked(tree, flags) -> dict[int, str]:
+    """``{leaf index: path}`` of the compressed leaves ``tensor_metrics`` matches."""
+    if tracked_re is None:
+      return {}
+    paths = [path_str(p) for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
+    return {i: p for i, p in enumerate(paths) if not flags[i] and tracked_re.search(p)}
 
   def init_fn(params):
     leaves, treedef = jax.tree.flatten(params)
@@ -168,6 +186,8 @@ def compress(
         if not f:
           compressor.validate(tuple(jnp.shape(p)), jnp.asarray(p).dtype)
     metrics = {k: jnp.zeros((), jnp.int32) for k in keys}
+    for path in tracked(params, flags).values():
+      metrics[f"zeros:{path}"] = metrics[f"elements:{path}"] = jnp.zeros((), jnp.int32)
     # The per-step reference sizes are static: record them from the start, with no
     # byte sent yet, so that a wrapper that skips an exchange on some steps (local
     # steps) can carry them while reporting zero wire bytes.
@@ -194,6 +214,7 @@ def compress(
     for leaf in leaves:
       _check_float(leaf)
     flags = _resolve_skip(skip, updates, min_size, compressor is None)
+    tracked_paths = tracked(updates, flags)
     residuals = treedef.flatten_up_to(state.local.residual)
     inners = treedef.flatten_up_to(state.inner)
     key, step_key = jax.random.split(state.key)
@@ -267,6 +288,10 @@ def compress(
       m["nonfinite_tensors"] = m["nonfinite_tensors"] + bad[i].astype(jnp.int32)
       for name, value in {**enc_metrics, **compressor.extra_metrics(payload, g.shape)}.items():
         m[name] = m[name] + jnp.asarray(value, jnp.int32)
+      if i in tracked_paths:
+        sent = own if own is not None else compressor.decode(payload, g.shape)
+        m[f"zeros:{tracked_paths[i]}"] = jnp.sum(sent == 0, dtype=jnp.int32)
+        m[f"elements:{tracked_paths[i]}"] = jnp.int32(n)
     static["bytes_on_wire"] = static["compressed_bytes_on_wire"] + static["float_bytes"]
     for name in ("bytes_on_wire", "float32_bytes", "compressed_bytes_on_wire",
                  "compressed_float32_bytes", "float_bytes"):
