@@ -77,6 +77,9 @@ def base_config() -> ml_collections.ConfigDict:
   # compressed gradient, as in the papers' Caffe/TensorFlow code.
   # "decoupled": optax.add_decayed_weights after the exchange (not communicated).
   c.weight_decay_mode = "loss"
+  # None: weight decay on every tensor; else only on those whose path ("fc3/kernel")
+  # this regular expression matches (re.search), e.g. "kernel" for weights only.
+  c.weight_decay_pattern = config_dict.placeholder(str)
   c.num_train_steps = 10_000
 
   # -- compression (jaxcomp.compressors) --

@@ -34,6 +34,7 @@ import csv
 import json
 import math
 import os
+import re
 import sys
 import time
 from typing import Any, NamedTuple, Optional
@@ -121,6 +122,11 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     bad("lr_schedule='staircase' needs lr_decay_steps > 0.")
   if config.weight_decay_mode not in ("loss", "decoupled"):
     bad(f"weight_decay_mode must be 'loss' or 'decoupled', got {config.weight_decay_mode!r}.")
+  if config.weight_decay_pattern is not None:
+    try:
+      re.compile(config.weight_decay_pattern)
+    except re.error as e:
+      bad(f"weight_decay_pattern {config.weight_decay_pattern!r} is not a regular expression: {e}.")
   if config.batch_norm_stats not in ("mean", "worker0"):
     bad(f"batch_norm_stats must be 'mean' or 'worker0', got {config.batch_norm_stats!r}.")
   if config.num_train_steps < 1:
@@ -166,8 +172,22 @@ def make_base_optimizer(config: ml_collections.ConfigDict, schedule: optax.Sched
   else:
     opt = optax.adagrad(schedule, initial_accumulator_value=config.adagrad_init, eps=config.adagrad_eps)
   if config.weight_decay and config.weight_decay_mode == "decoupled":
-    opt = optax.chain(optax.add_decayed_weights(config.weight_decay), opt)
+    opt = optax.chain(optax.add_decayed_weights(config.weight_decay,
+                                                mask=lambda p: decay_mask(config, p)), opt)
   return opt
+
+
+def decay_mask(config: ml_collections.ConfigDict, params):
+  """Booleans over ``params``: which tensors weight decay applies to.
+
+  All of them, unless ``config.weight_decay_pattern`` is set: then those whose
+  path (``"fc3/kernel"``) it matches (``re.search``), e.g. only the fc3/fc4
+  weights as in the TensorFlow CIFAR-10 tutorial that TernGrad's CifarNet uses.
+  """
+  pattern = config.weight_decay_pattern
+  return jax.tree_util.tree_map_with_path(
+      lambda path, _: pattern is None or re.search(pattern, jaxcomp.path_str(path)) is not None,
+      params)
 
 
 def make_skip(config: ml_collections.ConfigDict):
@@ -242,7 +262,8 @@ def worker_gradients(config, loss_fn, params, batch_stats, images, labels, key):
   grads, (loss, (logits, new_vars)) = jax.grad(lambda p: (lambda l, a: (l, (l, a)))(
       *loss_fn(p, batch_stats, images, labels, key)), has_aux=True)(params)
   if config.weight_decay and config.weight_decay_mode == "loss":
-    grads = jax.tree.map(lambda g, w: g + config.weight_decay * w, grads, params)
+    grads = jax.tree.map(lambda g, w, on: g + config.weight_decay * w if on else g,
+                         grads, params, decay_mask(config, params))
   return grads, loss, logits, new_vars
 
 
@@ -307,20 +328,23 @@ def make_eval_step(model, num_classes, has_bn):
     logits = model.apply(variables, images, train=False)
     loss = cross_entropy(logits, labels, num_classes)
     correct = jnp.argmax(logits, -1) == labels
+    top5 = jnp.any(jax.lax.top_k(logits, min(5, num_classes))[1] == labels[:, None], axis=-1)
     m = mask.astype(jnp.float32)
-    return {"loss": jnp.sum(loss * m), "correct": jnp.sum(correct * m), "count": jnp.sum(m)}
+    return {"loss": jnp.sum(loss * m), "correct": jnp.sum(correct * m),
+            "correct_top5": jnp.sum(top5 * m), "count": jnp.sum(m)}
 
   return eval_step
 
 
 def evaluate(eval_step, params, batch_stats, pipeline) -> dict[str, float]:
-  totals = {"loss": 0.0, "correct": 0.0, "count": 0.0}
+  totals = {"loss": 0.0, "correct": 0.0, "correct_top5": 0.0, "count": 0.0}
   for batch in pipeline.reset():
     out = jax.device_get(eval_step(params, batch_stats, batch["image"], batch["label"], batch["mask"]))
     for k in totals:
       totals[k] += float(out[k])
   n = max(totals["count"], 1.0)
-  return {"loss": totals["loss"] / n, "accuracy": totals["correct"] / n, "count": totals["count"]}
+  return {"loss": totals["loss"] / n, "accuracy": totals["correct"] / n,
+          "top5_accuracy": totals["correct_top5"] / n, "count": totals["count"]}
 
 
 # ----------------------------------------------------------------------------
@@ -530,6 +554,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
       "seed": config.seed,
       "parameters": n_params,
       "test_accuracy": last_eval.get("accuracy"),
+      "test_top5_accuracy": last_eval.get("top5_accuracy"),
       "test_loss": last_eval.get("loss"),
       "test_examples": last_eval.get("count"),
       "evaluated": "ema" if config.eval_with_ema else "params",
