@@ -27,11 +27,10 @@ from __future__ import annotations
 import ml_collections
 
 from configs import common
-from jaxcomp import data
 
 
 def default_dataset() -> str:
-  return "fashion_mnist_debian" if data.fashion_mnist_debian_available() else "mnist5k"
+  return common.offline_dataset()
 
 
 WORKERS = (1, 2, 4, 8, 16, 32, 64)
