@@ -22,19 +22,22 @@ def _ternary(seed: int, n: int, p_zero: float, dtype=np.int8) -> np.ndarray:
 
 def _reference_pack(t: np.ndarray) -> np.ndarray:
   """Independent statement of the documented layout, one element at a time."""
-  out = np.full((-(-t.size // 4),), 0b01010101, np.uint8)  # padding: code 1
+  m = -(-t.size // 4)
+  out = np.full((m,), 0b01010101, np.uint8)  # padding: code 1
   for i, v in enumerate(t.reshape(-1)):
-    byte, j = divmod(i, 4)
+    j, byte = divmod(i, m)  # plane j, byte within the plane
     out[byte] &= ~np.uint8(3 << (2 * j))
     out[byte] |= np.uint8((int(v) + 1) << (2 * j))
   return out
 
 
 def test_hand_written_bytes():
-  # Element 4i+j in bits 2j..2j+1 of byte i, code = t + 1, padded with code 1.
+  # Planar: m = ceil(n/4) bytes; element i in bits 2j..2j+1 of byte k, (j, k) = divmod(i, m);
+  # code = t + 1, padded with code 1.
   b = twobit.pack_2bit(jnp.array([-1, 0, 1, -1, 1], jnp.int8))
-  # byte 0: codes 0,1,2,0 -> 0b00_10_01_00; byte 1: code 2, pad 1,1,1.
-  np.testing.assert_array_equal(np.asarray(b), [0b00100100, 0b01010110])
+  # codes 0,1,2,0,2 + pad 1,1,1 -> planes [0,1] [2,0] [2,1] [1,1]:
+  # byte 0 = 0 | 2<<2 | 2<<4 | 1<<6; byte 1 = 1 | 0<<2 | 1<<4 | 1<<6.
+  np.testing.assert_array_equal(np.asarray(b), [0b01101000, 0b01010001])
   assert b.dtype == jnp.uint8
   np.testing.assert_array_equal(np.asarray(twobit.pack_2bit(jnp.array([1]))), [0x56])
   np.testing.assert_array_equal(np.asarray(twobit.pack_2bit(jnp.zeros(4, jnp.int8))), [0x55])
@@ -92,8 +95,8 @@ def test_checked_decoder_rejects_corruption():
   ok = twobit.unpack_2bit_checked(b, 6)
   np.testing.assert_array_equal(np.asarray(ok), [1, 0, -1, 0, 1, 1])
   bad = b.copy()
-  bad[0] |= 0b11 << 4  # element 2 becomes the unused code 0b11
-  with pytest.raises(ValueError, match="invalid 2-bit code 0b11 for element 2"):
+  bad[0] |= 0b11 << 4  # plane 2, byte 0: element 4 becomes the unused code 0b11
+  with pytest.raises(ValueError, match="invalid 2-bit code 0b11 for element 4"):
     twobit.unpack_2bit_checked(bad, 6)
   bad = b.copy()
   bad[1] ^= 0b11 << 6  # a padding code (element 7) is no longer code 1

@@ -10,11 +10,14 @@ Bit layout (decided here, fixed, and tested byte for byte):
 
 * code ``c = t + 1`` ∈ {0, 1, 2} (so -1 → 0b00, 0 → 0b01, +1 → 0b10; the
   code 0b11 is never produced and is rejected by :func:`unpack_2bit_checked`);
-* element ``4*i + j`` of the flattened input occupies bits ``2j .. 2j+1`` of
-  byte ``i`` (little-endian within the byte: element ``4i`` in the two least
-  significant bits);
-* the last byte is padded with the code of 0 (0b01), so
-  ``pack_2bit([1])`` is ``0b01_01_01_10 = 0x56``.
+* planar, like 3LC's base-3^5 (§3.2): the flattened input is padded with the
+  code of 0 (0b01) to ``4m`` elements, ``m = ceil(n / 4)``, and split into four
+  equal contiguous planes ``P0..P3`` (plane ``j`` holds elements ``j*m ..
+  (j+1)*m - 1``); byte ``k`` is ``P0[k] | P1[k] << 2 | P2[k] << 4 | P3[k] << 6``.
+  So element ``i`` sits in bits ``2j .. 2j+1`` of byte ``k`` with
+  ``j, k = divmod(i, m)``, and ``pack_2bit([1])`` is ``0b01_01_01_10 = 0x56``.
+  Contiguous planes make packing and unpacking plain vector work (unpacking
+  an interleaved layout ran ~5x slower on XLA:CPU).
 
 Both directions are pure ``jax.numpy``, jit-able and usable inside a caller's
 ``jit``/``vmap``/``shard_map``.
@@ -53,15 +56,22 @@ def _pack(flat: jax.Array) -> jax.Array:
   n = flat.shape[0]
   m = ceil_div(n, 4)
   codes = (flat.astype(jnp.int8) + 1).astype(jnp.uint8)
-  codes = jnp.pad(codes, (0, 4 * m - n), constant_values=_PAD_CODE)
-  c = codes.reshape(m, 4)
-  return (c[:, 0] | (c[:, 1] << 2) | (c[:, 2] << 4) | (c[:, 3] << 6))
+  c = jnp.pad(codes, (0, 4 * m - n), constant_values=_PAD_CODE).reshape(4, m)
+  return c[0] | (c[1] << 2) | (c[2] << 4) | (c[3] << 6)
+
+
+def unpack_codes(b: jax.Array, n: int) -> jax.Array:
+  """The codes ``t + 1`` ∈ {0, 1, 2} (uint8[n]) of a packed stream, unchecked.
+
+  Callers that scale the codes anyway (TernGrad's decoder) convert these
+  directly, saving a pass.
+  """
+  return jnp.concatenate([(b >> s) & 3 for s in (0, 2, 4, 6)])[:n]
 
 
 @functools.partial(jax.jit, static_argnums=1)
 def _unpack(b: jax.Array, n: int) -> jax.Array:
-  codes = jnp.stack([(b >> s) & 3 for s in (0, 2, 4, 6)], axis=1)
-  return codes.reshape(-1)[:n].astype(jnp.int8) - 1
+  return unpack_codes(b, n).astype(jnp.int8) - 1
 
 
 def pack_2bit(t: Any) -> jax.Array:
@@ -128,12 +138,12 @@ def unpack_2bit_checked(b: Any, n: int) -> jax.Array:
     raise ValueError(
         f"unpack_2bit_checked: {n} values need {ceil_div(n, 4)} bytes, got "
         f"{a.shape[0]} (truncated or wrong n)")
-  codes = ((a[:, None] >> np.array([0, 2, 4, 6], np.uint8)) & 3).reshape(-1)
+  codes = ((a[None, :] >> np.array([0, 2, 4, 6], np.uint8)[:, None]) & 3).reshape(-1)
   bad = np.flatnonzero(codes[:n] == 3)
   if bad.size:
     raise ValueError(
         f"unpack_2bit_checked: invalid 2-bit code 0b11 for element "
-        f"{int(bad[0])} (byte {int(bad[0]) // 4}); corrupted stream")
+        f"{int(bad[0])} (byte {int(bad[0]) % max(a.shape[0], 1)}); corrupted stream")
   pad = np.flatnonzero(codes[n:] != _PAD_CODE)
   if pad.size:
     raise ValueError(

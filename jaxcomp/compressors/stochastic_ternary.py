@@ -75,7 +75,7 @@ class StochasticTernary(TernGrad):
 
   def encode(self, x, key, agreed):
     scale = agreed if agreed is not None else self._local_scale(x)
-    codes = ternarize(x.reshape(-1), scale, rng.uniform(key, x.size, self.rng))
+    codes = ternarize(x.reshape(-1), scale, key, self.rng)
     return StochasticTernaryPayload(codes=base243.base243_encode(materialize(codes)), scale=scale.astype(jnp.float32))
 
   def decode(self, payload, shape):
