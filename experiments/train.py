@@ -31,6 +31,7 @@ Outputs in ``workdir``:
 from __future__ import annotations
 
 import csv
+import inspect
 import json
 import math
 import os
@@ -87,7 +88,7 @@ class TrainState(NamedTuple):
 # Configuration checks (before anything is compiled).
 
 OPTIMIZERS = ("sgd", "momentum", "adam", "adagrad")
-SCHEDULES = ("constant", "polynomial", "staircase", "cosine")
+SCHEDULES = ("constant", "polynomial", "staircase", "cosine", "piecewise")
 
 
 def num_devices_for(workers: int, available: int) -> int:
@@ -120,6 +121,9 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     bad(f"unknown lr_schedule {config.lr_schedule!r}; known: {', '.join(SCHEDULES)}.")
   if config.lr_schedule == "staircase" and config.lr_decay_steps <= 0:
     bad("lr_schedule='staircase' needs lr_decay_steps > 0.")
+  bounds = list(config.lr_boundaries)
+  if config.lr_schedule == "piecewise" and not (all(0.0 < b < 1.0 for b in bounds) and bounds == sorted(bounds)):
+    bad(f"lr_boundaries must be increasing fractions in (0, 1), got {config.lr_boundaries!r}.")
   if config.weight_decay_mode not in ("loss", "decoupled"):
     bad(f"weight_decay_mode must be 'loss' or 'decoupled', got {config.weight_decay_mode!r}.")
   if config.weight_decay_pattern is not None:
@@ -145,15 +149,33 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
 # Optimizer.
 
 
+def updates_per_step(config: ml_collections.ConfigDict) -> float:
+  """Optimizer updates per training step: ``1/k`` under the ``local_steps`` wrapper, else 1.
+
+  ``local_steps`` applies the optimizer (and advances its schedule) only on
+  every ``k``-th step, so the learning-rate schedule spans
+  ``num_train_steps / k`` updates: every run sweeps its whole LR range (3LC
+  §4.3: "to ensure each training run to sweep the entire learning rate range").
+  """
+  if config.compressor != "local_steps":
+    return 1.0
+  k = config.compressor_kwargs.get("k", inspect.signature(jaxcomp.local_steps).parameters["k"].default)
+  return 1.0 / k
+
+
 def make_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
+  """The LR schedule, indexed by optimizer update (see :func:`updates_per_step`)."""
   base = config.learning_rate * (config.workers if config.lr_scale_with_workers else 1)
-  steps = config.num_train_steps - config.lr_warmup_steps
+  steps = int(config.num_train_steps * updates_per_step(config)) - config.lr_warmup_steps
   if config.lr_schedule == "constant":
     sched = optax.constant_schedule(base)
   elif config.lr_schedule == "polynomial":
     sched = optax.polynomial_schedule(base, config.lr_end, config.lr_power, max(steps, 1))
   elif config.lr_schedule == "staircase":
     sched = optax.exponential_decay(base, config.lr_decay_steps, config.lr_decay_rate, staircase=True)
+  elif config.lr_schedule == "piecewise":
+    sched = optax.piecewise_constant_schedule(
+        base, {max(int(round(b * steps)), 1): config.lr_decay_rate for b in config.lr_boundaries})
   else:  # cosine
     sched = optax.cosine_decay_schedule(base, max(steps, 1), alpha=config.lr_end / base if base else 0.0)
   if config.lr_warmup_steps:
@@ -506,7 +528,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
       fetched = jax.device_get(pending)
       now = time.time()
       row = {k: float(np.mean([f[k] for f in fetched])) for k in fetched[0]}
-      row.update(step=step, split="train", learning_rate=float(schedule(step - 1)),
+      row.update(step=step, split="train",
+                 learning_rate=float(schedule(int((step - 1) * updates_per_step(config)))),
                  steps_per_sec=len(fetched) / max(now - t_interval, 1e-9), wall_time=now - t_start)
       if not math.isfinite(row["loss"]):
         logging.warning("step %d: the training loss is %s", step, row["loss"])

@@ -65,6 +65,11 @@ from jaxcomp import transforms
 # Per-step reference sizes, reported on every step (the rest are zeroed between exchanges).
 REFERENCE_METRICS = ("float32_bytes", "compressed_float32_bytes")
 
+# jaxcomp.compress's own arguments, which every registered transform accepts: the float
+# exchange takes them too (they change nothing there), so callers that pass them to any
+# compressor (experiments.train.make_tx, through make_optimizer) can build local steps.
+FLOAT_EXCHANGE_KWARGS = ("seed", "skip", "min_size", "nonfinite")
+
 
 class LocalStepsState(NamedTuple):
   """State of :func:`local_steps`."""
@@ -132,7 +137,9 @@ def local_steps(
       ``pmean`` (:func:`jaxcomp.pmean`), a registered compressor's name (built
       with ``axis_name`` and ``**exchange_kwargs``), or an optax transform that
       averages over ``axis_name`` itself.
-    **exchange_kwargs: keyword arguments of the named compressor.
+    **exchange_kwargs: keyword arguments of the named compressor; for the float
+      exchange only :func:`jaxcomp.compress`'s ``seed``, ``skip``, ``min_size``
+      and ``nonfinite`` (accepted for a uniform interface).
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``; its updates are zero except
@@ -141,9 +148,10 @@ def local_steps(
   if isinstance(k, bool) or not isinstance(k, int) or k < 1:
     raise ValueError(f"k must be an int >= 1; got {k!r}.")
   if exchange is None:
-    if exchange_kwargs:
-      raise TypeError(f"Unexpected arguments {sorted(exchange_kwargs)} for the float exchange; name a compressor with `exchange=`.")
-    ex = transforms.pmean(axis_name)
+    unexpected = sorted(set(exchange_kwargs) - set(FLOAT_EXCHANGE_KWARGS))
+    if unexpected:
+      raise TypeError(f"Unexpected arguments {unexpected} for the float exchange; name a compressor with `exchange=`.")
+    ex = transforms.pmean(axis_name, **exchange_kwargs)
   elif isinstance(exchange, str):
     from jaxcomp.compressors import get_transform  # the registry imports this module
 
