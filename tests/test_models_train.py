@@ -1,0 +1,57 @@
+"""Every model and every registered compressor trains a few steps through experiments.train.
+
+8 workers (one per host device here), real offline data; AlexNet and GoogLeNet
+are exercised by their experiment configs' tests.
+"""
+
+import math
+
+import pytest
+
+import jaxcomp
+from configs import common
+from experiments import train
+
+
+def _config(**overrides):
+  c = common.base_config()
+  c.dataset = "mnist5k"
+  c.workers = 8
+  c.batch_size = 16
+  c.num_train_steps = 2
+  c.log_every = 1
+  c.eval_every = 0
+  c.eval_batch_size = 500
+  c.progress = False
+  c.compressor = "terngrad"
+  for k, v in overrides.items():
+    setattr(c, k, v)
+  return c
+
+
+MODELS = {
+    "lenet": {},
+    "cifarnet": dict(image_size=32, channels=3, augment="cifarnet"),
+    "resnet20": dict(image_size=32, channels=3, augment="cifar_resnet", batch_norm_stats="worker0"),
+    "mlp": dict(model_kwargs={"hidden": (256, 256)}),
+}
+
+
+@pytest.mark.parametrize("model", sorted(MODELS))
+def test_each_model_trains(tmp_path, model):
+  s = train.train_and_evaluate(_config(model=model, **MODELS[model]), str(tmp_path))
+  assert s["steps"] == 2 and s["workers"] == 8 and s["devices"] == 8
+  assert math.isfinite(s["final_train_loss"]) and 0.0 <= s["test_accuracy"] <= 1.0
+  assert s["compressed_ratio"] > 10  # TernGrad's 2-bit codes
+
+
+COMPRESSOR_KWARGS = {"local_steps": {"k": 2}}
+
+
+@pytest.mark.parametrize("name", jaxcomp.names())
+def test_each_compressor_trains_lenet(tmp_path, name):
+  s = train.train_and_evaluate(
+      _config(compressor=name, compressor_kwargs=COMPRESSOR_KWARGS.get(name, {})), str(tmp_path))
+  assert s["steps"] == 2 and s["compressor"] == name
+  assert math.isfinite(s["final_train_loss"])
+  assert s["bytes_on_wire"] is not None and s["float32_bytes"] == 4 * s["parameters"]
