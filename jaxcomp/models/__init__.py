@@ -109,57 +109,57 @@ INPUT_SHAPES: dict[str, tuple[int, int, int]] = {
 
 
 def _normalise(name: str) -> str:
-    if not isinstance(name, str):
-        raise ValueError(f"model name must be a string, got {name!r}; known: {', '.join(MODELS)}")
-    key = name.strip().lower().replace("-", "")
-    if key not in _REGISTRY:
-        raise ValueError(f"unknown model {name!r}; known models: {', '.join(MODELS)}")
-    return key
+  if not isinstance(name, str):
+    raise ValueError(f"model name must be a string, got {name!r}; known: {', '.join(MODELS)}")
+  key = name.strip().lower().replace("-", "")
+  if key not in _REGISTRY:
+    raise ValueError(f"unknown model {name!r}; known models: {', '.join(MODELS)}")
+  return key
 
 
 def get_model(name: str, num_classes: int, **kwargs: Any) -> nn.Module:
-    """Builds a registered model.
+  """Builds a registered model.
 
-    Args:
-      name: one of :data:`MODELS` (case-insensitive; ``"resnet-110"`` is accepted too).
-      num_classes: size of the ``logits`` layer.
-      **kwargs: attributes of the model class, e.g. ``dropout_rate=0.2`` for alexnet,
-        ``use_bn=False`` for googlenet, ``hidden=(1024,)`` for mlp, ``dtype=jnp.bfloat16``.
-        ``"resnet"`` requires ``depth``; the fixed-depth names accept only their own depth.
+  Args:
+    name: one of :data:`MODELS` (case-insensitive; ``"resnet-110"`` is accepted too).
+    num_classes: size of the ``logits`` layer.
+    **kwargs: attributes of the model class, e.g. ``dropout_rate=0.2`` for alexnet,
+      ``use_bn=False`` for googlenet, ``hidden=(1024,)`` for mlp, ``dtype=jnp.bfloat16``.
+      ``"resnet"`` requires ``depth``; the fixed-depth names accept only their own depth.
 
-    Returns:
-      An unbound ``flax.linen.Module``.
+  Returns:
+    An unbound ``flax.linen.Module``.
 
-    Raises:
-      ValueError: unknown name, bad ``num_classes``, missing/invalid/conflicting ``depth``, or an
-        invalid attribute value.
-      TypeError: a keyword argument the model does not have.
-    """
-    key = _normalise(name)
-    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
-        raise ValueError(f"num_classes must be a positive int, got {num_classes!r}")
-    cls, fixed = _REGISTRY[key]
-    fields = {f.name for f in dataclasses.fields(cls) if f.init} - {"parent", "name"}
-    unknown = sorted(set(kwargs) - fields)
-    if unknown:
-        raise TypeError(
-            f"{key}: unexpected argument(s) {unknown}; {cls.__name__} accepts {sorted(fields)}"
-        )
-    if "num_classes" in kwargs:
-        raise TypeError("pass num_classes positionally to get_model, not in kwargs")
-    for k, v in fixed.items():
-        if k in kwargs and kwargs[k] != v:
-            raise ValueError(f"{key} has {k}={v}; got {k}={kwargs[k]!r} (use 'resnet' with depth=)")
-    if key == "resnet":
-        if "depth" not in kwargs:
-            raise ValueError("'resnet' needs a depth keyword, e.g. get_model('resnet', 10, depth=44)")
-        blocks_per_stage(kwargs["depth"])
-    return cls(num_classes=num_classes, **{**kwargs, **fixed})
+  Raises:
+    ValueError: unknown name, bad ``num_classes``, missing/invalid/conflicting ``depth``, or an
+      invalid attribute value.
+    TypeError: a keyword argument the model does not have.
+  """
+  key = _normalise(name)
+  if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
+    raise ValueError(f"num_classes must be a positive int, got {num_classes!r}")
+  cls, fixed = _REGISTRY[key]
+  fields = {f.name for f in dataclasses.fields(cls) if f.init} - {"parent", "name"}
+  unknown = sorted(set(kwargs) - fields)
+  if unknown:
+    raise TypeError(
+        f"{key}: unexpected argument(s) {unknown}; {cls.__name__} accepts {sorted(fields)}"
+    )
+  if "num_classes" in kwargs:
+    raise TypeError("pass num_classes positionally to get_model, not in kwargs")
+  for k, v in fixed.items():
+    if k in kwargs and kwargs[k] != v:
+      raise ValueError(f"{key} has {k}={v}; got {k}={kwargs[k]!r} (use 'resnet' with depth=)")
+  if key == "resnet":
+    if "depth" not in kwargs:
+      raise ValueError("'resnet' needs a depth keyword, e.g. get_model('resnet', 10, depth=44)")
+    blocks_per_stage(kwargs["depth"])
+  return cls(num_classes=num_classes, **{**kwargs, **fixed})
 
 
 def input_shape(name: str) -> tuple[int, int, int]:
-    """The (H, W, C) input a registered model is specified for (see the module table)."""
-    return INPUT_SHAPES[_normalise(name)]
+  """The (H, W, C) input a registered model is specified for (see the module table)."""
+  return INPUT_SHAPES[_normalise(name)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -169,50 +169,48 @@ _BN_WORD = re.compile(r"(^|_)bn\d*(_|$)", re.IGNORECASE)
 
 
 def _key_name(entry: Any) -> str:
-    """The name in one key-path entry (DictKey, GetAttrKey, SequenceKey, ... or a plain value)."""
-    for attr in ("key", "name", "idx"):
-        if hasattr(entry, attr):
-            return str(getattr(entry, attr))
-    return str(entry)
+  """The name in one key-path entry (DictKey, GetAttrKey, SequenceKey, ... or a plain value)."""
+  for attr in ("key", "name", "idx"):
+    if hasattr(entry, attr):
+      return str(getattr(entry, attr))
+  return str(entry)
 
 
 def path_names(path: Iterable[Any] | str) -> tuple[str, ...]:
-    """Normalises a key path to a tuple of strings.
+  """Normalises a key path to a tuple of strings.
 
-    Accepts a key path from ``jax.tree_util.tree_flatten_with_path`` /
-    ``tree_map_with_path`` (``DictKey``/``GetAttrKey``/``SequenceKey`` entries), a tuple of strings
-    (``flax.traverse_util.flatten_dict``), or a ``'/'``-separated string.
-    """
-    if isinstance(path, str):
-        return tuple(p for p in path.split("/") if p)
-    return tuple(_key_name(entry) for entry in path)
+  Accepts a key path from ``jax.tree_util.tree_flatten_with_path`` /
+  ``tree_map_with_path`` (``DictKey``/``GetAttrKey``/``SequenceKey`` entries), a tuple of strings
+  (``flax.traverse_util.flatten_dict``), or a ``'/'``-separated string.
+  """
+  if isinstance(path, str):
+    return tuple(p for p in path.split("/") if p)
+  return tuple(_key_name(entry) for entry in path)
 
 
 def is_last_layer(path: Iterable[Any] | str) -> bool:
-    """True if the path lies in a model's last classification layer (a component ``logits``).
+  """True if the path lies in a model's last classification layer (a component ``logits``).
 
-    Example::
+  Example::
 
-        mask = jax.tree_util.tree_map_with_path(lambda p, _: not is_last_layer(p), params)
-    """
-    return LAST_LAYER_NAME in path_names(path)
+      mask = jax.tree_util.tree_map_with_path(lambda p, _: not is_last_layer(p), params)
+  """
+  return LAST_LAYER_NAME in path_names(path)
 
 
 def is_batch_norm(path: Iterable[Any] | str) -> bool:
-    """True if the path lies in a batch-norm module.
+  """True if the path lies in a batch-norm module.
 
-    A component counts as batch norm if it is ``bn``/``bn<digits>``, contains such a word between
-    underscores (``conv1_bn``, ``bn_proj``), or contains ``batchnorm`` (any case; Flax's automatic
-    ``BatchNorm_0``). Works on ``params`` and ``batch_stats`` paths alike.
-    """
-    return any(
-        _BN_WORD.search(n) is not None or "batchnorm" in n.lower() for n in path_names(path)
-    )
+  A component counts as batch norm if it is ``bn``/``bn<digits>``, contains such a word between
+  underscores (``conv1_bn``, ``bn_proj``), or contains ``batchnorm`` (any case; Flax's automatic
+  ``BatchNorm_0``). Works on ``params`` and ``batch_stats`` paths alike.
+  """
+  return any(_BN_WORD.search(n) is not None or "batchnorm" in n.lower() for n in path_names(path))
 
 
 def param_count(params: Any) -> int:
-    """Number of scalars in a pytree of arrays (or ``jax.ShapeDtypeStruct`` from ``eval_shape``).
+  """Number of scalars in a pytree of arrays (or ``jax.ShapeDtypeStruct`` from ``eval_shape``).
 
-    Pass ``variables['params']``: the whole ``variables`` dict would also count ``batch_stats``.
-    """
-    return sum(math.prod(getattr(leaf, "shape", ())) for leaf in jax.tree_util.tree_leaves(params))
+  Pass ``variables['params']``: the whole ``variables`` dict would also count ``batch_stats``.
+  """
+  return sum(math.prod(getattr(leaf, "shape", ())) for leaf in jax.tree_util.tree_leaves(params))

@@ -53,102 +53,102 @@ from jaxcomp.models.layers import Dtype, Initializer, he_normal, lecun_normal, l
 
 
 class AlexNet(nn.Module):
-    """AlexNet with BN on conv layers (TernGrad §4.2, Table 2); 224×224×3 input.
+  """AlexNet with BN on conv layers (TernGrad §4.2, Table 2); 224×224×3 input.
 
-    Attributes:
-      num_classes: size of the ``logits`` layer (fc8).
-      dropout_rate: dropout ratio on fc6 and fc7 outputs (TernGrad: 0.5 floating, 0.2 TernGrad).
-      use_bn: batch norm on conv1–5 (default, TernGrad); ``False`` gives Caffe's LRN network.
-      grouped: split conv2/conv4/conv5 into 2 groups as in the original (default).
-      conv_init: initialiser of the convolution kernels.
-      fc_init: initialiser of the fc6/fc7 kernels.
-      logits_init: initialiser of the ``logits`` kernel.
-      bn_momentum: batch-norm moving-average decay.
-      bn_epsilon: batch-norm epsilon.
-      bn_axis_name: named axis for cross-worker batch statistics (``None``: per-worker, as in
-        TernGrad's towers).
-      dtype: compute dtype.
-      param_dtype: parameter dtype.
+  Attributes:
+    num_classes: size of the ``logits`` layer (fc8).
+    dropout_rate: dropout ratio on fc6 and fc7 outputs (TernGrad: 0.5 floating, 0.2 TernGrad).
+    use_bn: batch norm on conv1–5 (default, TernGrad); ``False`` gives Caffe's LRN network.
+    grouped: split conv2/conv4/conv5 into 2 groups as in the original (default).
+    conv_init: initialiser of the convolution kernels.
+    fc_init: initialiser of the fc6/fc7 kernels.
+    logits_init: initialiser of the ``logits`` kernel.
+    bn_momentum: batch-norm moving-average decay.
+    bn_epsilon: batch-norm epsilon.
+    bn_axis_name: named axis for cross-worker batch statistics (``None``: per-worker, as in
+      TernGrad's towers).
+    dtype: compute dtype.
+    param_dtype: parameter dtype.
+  """
+
+  num_classes: int = 1000
+  dropout_rate: float = 0.5
+  use_bn: bool = True
+  grouped: bool = True
+  conv_init: Initializer = he_normal
+  fc_init: Initializer = he_normal
+  logits_init: Initializer = lecun_normal
+  bn_momentum: float = 0.9
+  bn_epsilon: float = 1e-5
+  bn_axis_name: str | None = None
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
+
+  def __post_init__(self) -> None:
+    if not 0.0 <= self.dropout_rate < 1.0:
+      raise ValueError(f"dropout_rate must be in [0, 1), got {self.dropout_rate}")
+    super().__post_init__()
+
+  def _conv(
+      self,
+      x: jax.Array,
+      features: int,
+      kernel: int,
+      stride: int,
+      pad: int,
+      groups: int,
+      index: int,
+      train: bool,
+  ) -> jax.Array:
+    """conv{index} (+ bn{index}) + ReLU (+ LRN in conv1/conv2 of the BN-free network)."""
+    # Children named conv{i}/bn{i} directly on AlexNet (not nested) so paths read like
+    # ('params', 'conv3', 'kernel') and ('params', 'bn3', 'scale').
+    x = nn.Conv(
+        features,
+        (kernel, kernel),
+        strides=(stride, stride),
+        padding=[(pad, pad), (pad, pad)],
+        feature_group_count=groups if self.grouped else 1,
+        use_bias=not self.use_bn,
+        kernel_init=self.conv_init,
+        dtype=self.dtype,
+        param_dtype=self.param_dtype,
+        name=f"conv{index}",
+    )(x)
+    if self.use_bn:
+      x = nn.BatchNorm(
+          use_running_average=not train,
+          momentum=self.bn_momentum,
+          epsilon=self.bn_epsilon,
+          axis_name=self.bn_axis_name,
+          dtype=self.dtype,
+          param_dtype=self.param_dtype,
+          name=f"bn{index}",
+      )(x)
+    x = nn.relu(x)
+    if not self.use_bn and index in (1, 2):
+      x = local_response_norm(x, depth_radius=2, bias=1.0, alpha=1e-4 / 5, beta=0.75)
+    return x
+
+  @nn.compact
+  def __call__(self, x: jax.Array, train: bool = False) -> jax.Array:
+    """Logits for NHWC images (224×224×3 nominal; needs at least ~63×63 to keep pool5 ≥ 1).
+
+    Args:
+      x: float images ``(batch, H, W, 3)``.
+      train: batch statistics + dropout (needs ``mutable=['batch_stats']`` and a
+        ``'dropout'`` rng) when ``True``; running averages, no dropout when ``False``.
     """
-
-    num_classes: int = 1000
-    dropout_rate: float = 0.5
-    use_bn: bool = True
-    grouped: bool = True
-    conv_init: Initializer = he_normal
-    fc_init: Initializer = he_normal
-    logits_init: Initializer = lecun_normal
-    bn_momentum: float = 0.9
-    bn_epsilon: float = 1e-5
-    bn_axis_name: str | None = None
-    dtype: Dtype = jnp.float32
-    param_dtype: Dtype = jnp.float32
-
-    def __post_init__(self) -> None:
-        if not 0.0 <= self.dropout_rate < 1.0:
-            raise ValueError(f"dropout_rate must be in [0, 1), got {self.dropout_rate}")
-        super().__post_init__()
-
-    def _conv(
-        self,
-        x: jax.Array,
-        features: int,
-        kernel: int,
-        stride: int,
-        pad: int,
-        groups: int,
-        index: int,
-        train: bool,
-    ) -> jax.Array:
-        """conv{index} (+ bn{index}) + ReLU (+ LRN in conv1/conv2 of the BN-free network)."""
-        # Children named conv{i}/bn{i} directly on AlexNet (not nested) so paths read like
-        # ('params', 'conv3', 'kernel') and ('params', 'bn3', 'scale').
-        x = nn.Conv(
-            features,
-            (kernel, kernel),
-            strides=(stride, stride),
-            padding=[(pad, pad), (pad, pad)],
-            feature_group_count=groups if self.grouped else 1,
-            use_bias=not self.use_bn,
-            kernel_init=self.conv_init,
-            dtype=self.dtype,
-            param_dtype=self.param_dtype,
-            name=f"conv{index}",
-        )(x)
-        if self.use_bn:
-            x = nn.BatchNorm(
-                use_running_average=not train,
-                momentum=self.bn_momentum,
-                epsilon=self.bn_epsilon,
-                axis_name=self.bn_axis_name,
-                dtype=self.dtype,
-                param_dtype=self.param_dtype,
-                name=f"bn{index}",
-            )(x)
-        x = nn.relu(x)
-        if not self.use_bn and index in (1, 2):
-            x = local_response_norm(x, depth_radius=2, bias=1.0, alpha=1e-4 / 5, beta=0.75)
-        return x
-
-    @nn.compact
-    def __call__(self, x: jax.Array, train: bool = False) -> jax.Array:
-        """Logits for NHWC images (224×224×3 nominal; needs at least ~63×63 to keep pool5 ≥ 1).
-
-        Args:
-          x: float images ``(batch, H, W, 3)``.
-          train: batch statistics + dropout (needs ``mutable=['batch_stats']`` and a
-            ``'dropout'`` rng) when ``True``; running averages, no dropout when ``False``.
-        """
-        pool = lambda y: nn.max_pool(y, (3, 3), strides=(2, 2), padding="VALID")
-        x = pool(self._conv(x, 96, 11, 4, 2, 1, 1, train))
-        x = pool(self._conv(x, 256, 5, 1, 2, 2, 2, train))
-        x = self._conv(x, 384, 3, 1, 1, 1, 3, train)
-        x = self._conv(x, 384, 3, 1, 1, 2, 4, train)
-        x = pool(self._conv(x, 256, 3, 1, 1, 2, 5, train))
-        x = x.reshape((x.shape[0], -1))
-        dt = dict(dtype=self.dtype, param_dtype=self.param_dtype)
-        for name in ("fc6", "fc7"):
-            x = nn.relu(nn.Dense(4096, kernel_init=self.fc_init, name=name, **dt)(x))
-            x = nn.Dropout(self.dropout_rate, deterministic=not train, name=f"dropout{name[2:]}")(x)
-        x = nn.Dense(self.num_classes, kernel_init=self.logits_init, name="logits", **dt)(x)
-        return x.astype(jnp.float32)
+    pool = lambda y: nn.max_pool(y, (3, 3), strides=(2, 2), padding="VALID")
+    x = pool(self._conv(x, 96, 11, 4, 2, 1, 1, train))
+    x = pool(self._conv(x, 256, 5, 1, 2, 2, 2, train))
+    x = self._conv(x, 384, 3, 1, 1, 1, 3, train)
+    x = self._conv(x, 384, 3, 1, 1, 2, 4, train)
+    x = pool(self._conv(x, 256, 3, 1, 1, 2, 5, train))
+    x = x.reshape((x.shape[0], -1))
+    dt = dict(dtype=self.dtype, param_dtype=self.param_dtype)
+    for name in ("fc6", "fc7"):
+      x = nn.relu(nn.Dense(4096, kernel_init=self.fc_init, name=name, **dt)(x))
+      x = nn.Dropout(self.dropout_rate, deterministic=not train, name=f"dropout{name[2:]}")(x)
+    x = nn.Dense(self.num_classes, kernel_init=self.logits_init, name="logits", **dt)(x)
+    return x.astype(jnp.float32)

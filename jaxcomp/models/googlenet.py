@@ -69,14 +69,14 @@ from jaxcomp.models.layers import (
 
 
 class InceptionSpec(NamedTuple):
-    """One row of Szegedy et al. (2014), Table 1 (output channels of each convolution)."""
+  """One row of Szegedy et al. (2014), Table 1 (output channels of each convolution)."""
 
-    b1x1: int
-    b3x3_reduce: int
-    b3x3: int
-    b5x5_reduce: int
-    b5x5: int
-    pool_proj: int
+  b1x1: int
+  b3x3_reduce: int
+  b3x3: int
+  b5x5_reduce: int
+  b5x5: int
+  pool_proj: int
 
 
 # Table 1 of Szegedy et al. (2014); None marks a 3×3/2 max-pool between modules.
@@ -96,138 +96,138 @@ INCEPTION_TABLE: tuple[tuple[str, InceptionSpec] | None, ...] = (
 
 
 def _max_pool(x: jax.Array, stride: int = 2) -> jax.Array:
-    return nn.max_pool(x, (3, 3), strides=(stride, stride), padding="SAME")
+  return nn.max_pool(x, (3, 3), strides=(stride, stride), padding="SAME")
 
 
 class Inception(nn.Module):
-    """An inception module (Szegedy et al. 2014, Figure 2b).
+  """An inception module (Szegedy et al. 2014, Figure 2b).
 
-    Four branches concatenated on the channel axis, in this order: ``branch1x1``;
-    ``branch3x3_reduce`` → ``branch3x3``; ``branch5x5_reduce`` → ``branch5x5``;
-    3×3/1 max-pool → ``pool_proj``. Each is a :class:`ConvBN` (children ``conv``, ``bn``).
-    """
+  Four branches concatenated on the channel axis, in this order: ``branch1x1``;
+  ``branch3x3_reduce`` → ``branch3x3``; ``branch5x5_reduce`` → ``branch5x5``;
+  3×3/1 max-pool → ``pool_proj``. Each is a :class:`ConvBN` (children ``conv``, ``bn``).
+  """
 
-    spec: InceptionSpec
-    branch3_kernel: int = 5
-    use_bn: bool = True
-    conv_init: Initializer = he_normal
-    bn_momentum: float = 0.9
-    bn_epsilon: float = 1e-5
-    bn_axis_name: str | None = None
-    dtype: Dtype = jnp.float32
-    param_dtype: Dtype = jnp.float32
+  spec: InceptionSpec
+  branch3_kernel: int = 5
+  use_bn: bool = True
+  conv_init: Initializer = he_normal
+  bn_momentum: float = 0.9
+  bn_epsilon: float = 1e-5
+  bn_axis_name: str | None = None
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
 
-    @nn.compact
-    def __call__(self, x: jax.Array, train: bool = False) -> jax.Array:
-        def conv(features: int, k: int, name: str) -> ConvBN:
-            return ConvBN(
-                features,
-                (k, k),
-                use_bn=self.use_bn,
-                kernel_init=self.conv_init,
-                bn_momentum=self.bn_momentum,
-                bn_epsilon=self.bn_epsilon,
-                bn_axis_name=self.bn_axis_name,
-                dtype=self.dtype,
-                param_dtype=self.param_dtype,
-                name=name,
-            )
+  @nn.compact
+  def __call__(self, x: jax.Array, train: bool = False) -> jax.Array:
+    def conv(features: int, k: int, name: str) -> ConvBN:
+      return ConvBN(
+          features,
+          (k, k),
+          use_bn=self.use_bn,
+          kernel_init=self.conv_init,
+          bn_momentum=self.bn_momentum,
+          bn_epsilon=self.bn_epsilon,
+          bn_axis_name=self.bn_axis_name,
+          dtype=self.dtype,
+          param_dtype=self.param_dtype,
+          name=name,
+      )
 
-        s, k3 = self.spec, self.branch3_kernel
-        b1 = conv(s.b1x1, 1, "branch1x1")(x, train)
-        b2 = conv(s.b3x3_reduce, 1, "branch3x3_reduce")(x, train)
-        b2 = conv(s.b3x3, 3, "branch3x3")(b2, train)
-        b3 = conv(s.b5x5_reduce, 1, "branch5x5_reduce")(x, train)
-        b3 = conv(s.b5x5, k3, "branch5x5")(b3, train)
-        b4 = conv(s.pool_proj, 1, "pool_proj")(_max_pool(x, stride=1), train)
-        return jnp.concatenate([b1, b2, b3, b4], axis=-1)
+    s, k3 = self.spec, self.branch3_kernel
+    b1 = conv(s.b1x1, 1, "branch1x1")(x, train)
+    b2 = conv(s.b3x3_reduce, 1, "branch3x3_reduce")(x, train)
+    b2 = conv(s.b3x3, 3, "branch3x3")(b2, train)
+    b3 = conv(s.b5x5_reduce, 1, "branch5x5_reduce")(x, train)
+    b3 = conv(s.b5x5, k3, "branch5x5")(b3, train)
+    b4 = conv(s.pool_proj, 1, "pool_proj")(_max_pool(x, stride=1), train)
+    return jnp.concatenate([b1, b2, b3, b4], axis=-1)
 
 
 class GoogLeNet(nn.Module):
-    """Inception v1 without auxiliary heads (Szegedy et al. 2014 Table 1; TernGrad §4.2, Table 3).
+  """Inception v1 without auxiliary heads (Szegedy et al. 2014 Table 1; TernGrad §4.2, Table 3).
 
-    Parameter paths: ``conv1``, ``conv2_reduce``, ``conv2`` (stem, each with ``conv``/``bn``),
-    ``inception{3a..5b}/{branch1x1, branch3x3_reduce, branch3x3, branch5x5_reduce, branch5x5,
-    pool_proj}/{conv,bn}``, ``logits``.
+  Parameter paths: ``conv1``, ``conv2_reduce``, ``conv2`` (stem, each with ``conv``/``bn``),
+  ``inception{3a..5b}/{branch1x1, branch3x3_reduce, branch3x3, branch5x5_reduce, branch5x5,
+  pool_proj}/{conv,bn}``, ``logits``.
 
-    Attributes:
-      num_classes: size of the ``logits`` layer.
-      dropout_rate: dropout before ``logits`` (paper 0.4; TernGrad Table 3: 0.2 / 0.08).
-      use_bn: batch norm after every conv, no LRN (default, as TernGrad); ``False`` gives the
-        paper's network with conv biases and LRN.
-      branch3_kernel: kernel of the third branch's conv (5 as in the paper; 3 for the
-        TF-slim/torchvision variant).
-      conv_init: initialiser of the convolution kernels.
-      logits_init: initialiser of the ``logits`` kernel.
-      bn_momentum: batch-norm moving-average decay.
-      bn_epsilon: batch-norm epsilon.
-      bn_axis_name: named axis for cross-worker batch statistics (``None``: per worker).
-      dtype: compute dtype.
-      param_dtype: parameter dtype.
+  Attributes:
+    num_classes: size of the ``logits`` layer.
+    dropout_rate: dropout before ``logits`` (paper 0.4; TernGrad Table 3: 0.2 / 0.08).
+    use_bn: batch norm after every conv, no LRN (default, as TernGrad); ``False`` gives the
+      paper's network with conv biases and LRN.
+    branch3_kernel: kernel of the third branch's conv (5 as in the paper; 3 for the
+      TF-slim/torchvision variant).
+    conv_init: initialiser of the convolution kernels.
+    logits_init: initialiser of the ``logits`` kernel.
+    bn_momentum: batch-norm moving-average decay.
+    bn_epsilon: batch-norm epsilon.
+    bn_axis_name: named axis for cross-worker batch statistics (``None``: per worker).
+    dtype: compute dtype.
+    param_dtype: parameter dtype.
+  """
+
+  num_classes: int = 1000
+  dropout_rate: float = 0.4
+  use_bn: bool = True
+  branch3_kernel: int = 5
+  conv_init: Initializer = he_normal
+  logits_init: Initializer = lecun_normal
+  bn_momentum: float = 0.9
+  bn_epsilon: float = 1e-5
+  bn_axis_name: str | None = None
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
+
+  def __post_init__(self) -> None:
+    if not 0.0 <= self.dropout_rate < 1.0:
+      raise ValueError(f"dropout_rate must be in [0, 1), got {self.dropout_rate}")
+    if self.branch3_kernel not in (3, 5):
+      raise ValueError(f"branch3_kernel must be 5 (paper) or 3, got {self.branch3_kernel}")
+    super().__post_init__()
+
+  @nn.compact
+  def __call__(self, x: jax.Array, train: bool = False) -> jax.Array:
+    """Logits for NHWC images (224×224×3 nominal; any size ≥ 32 works thanks to global pooling).
+
+    Args:
+      x: float images ``(batch, H, W, 3)``.
+      train: batch statistics + dropout (needs ``mutable=['batch_stats']`` and a
+        ``'dropout'`` rng) when ``True``; running averages, no dropout when ``False``.
     """
+    shared = dict(
+        use_bn=self.use_bn,
+        bn_momentum=self.bn_momentum,
+        bn_epsilon=self.bn_epsilon,
+        bn_axis_name=self.bn_axis_name,
+        dtype=self.dtype,
+        param_dtype=self.param_dtype,
+    )
+    conv_kw = dict(kernel_init=self.conv_init, **shared)  # for ConvBN
+    inception_kw = dict(conv_init=self.conv_init, **shared)  # for Inception
+    lrn = lambda y: local_response_norm(y, depth_radius=2, bias=1.0, alpha=1e-4 / 5, beta=0.75)
 
-    num_classes: int = 1000
-    dropout_rate: float = 0.4
-    use_bn: bool = True
-    branch3_kernel: int = 5
-    conv_init: Initializer = he_normal
-    logits_init: Initializer = lecun_normal
-    bn_momentum: float = 0.9
-    bn_epsilon: float = 1e-5
-    bn_axis_name: str | None = None
-    dtype: Dtype = jnp.float32
-    param_dtype: Dtype = jnp.float32
-
-    def __post_init__(self) -> None:
-        if not 0.0 <= self.dropout_rate < 1.0:
-            raise ValueError(f"dropout_rate must be in [0, 1), got {self.dropout_rate}")
-        if self.branch3_kernel not in (3, 5):
-            raise ValueError(f"branch3_kernel must be 5 (paper) or 3, got {self.branch3_kernel}")
-        super().__post_init__()
-
-    @nn.compact
-    def __call__(self, x: jax.Array, train: bool = False) -> jax.Array:
-        """Logits for NHWC images (224×224×3 nominal; any size ≥ 32 works thanks to global pooling).
-
-        Args:
-          x: float images ``(batch, H, W, 3)``.
-          train: batch statistics + dropout (needs ``mutable=['batch_stats']`` and a
-            ``'dropout'`` rng) when ``True``; running averages, no dropout when ``False``.
-        """
-        shared = dict(
-            use_bn=self.use_bn,
-            bn_momentum=self.bn_momentum,
-            bn_epsilon=self.bn_epsilon,
-            bn_axis_name=self.bn_axis_name,
-            dtype=self.dtype,
-            param_dtype=self.param_dtype,
-        )
-        conv_kw = dict(kernel_init=self.conv_init, **shared)  # for ConvBN
-        inception_kw = dict(conv_init=self.conv_init, **shared)  # for Inception
-        lrn = lambda y: local_response_norm(y, depth_radius=2, bias=1.0, alpha=1e-4 / 5, beta=0.75)
-
-        x = ConvBN(64, (7, 7), strides=(2, 2), name="conv1", **conv_kw)(x, train)
+    x = ConvBN(64, (7, 7), strides=(2, 2), name="conv1", **conv_kw)(x, train)
+    x = _max_pool(x)
+    if not self.use_bn:
+      x = lrn(x)
+    x = ConvBN(64, (1, 1), name="conv2_reduce", **conv_kw)(x, train)
+    x = ConvBN(192, (3, 3), name="conv2", **conv_kw)(x, train)
+    if not self.use_bn:
+      x = lrn(x)
+    x = _max_pool(x)
+    for entry in INCEPTION_TABLE:
+      if entry is None:
         x = _max_pool(x)
-        if not self.use_bn:
-            x = lrn(x)
-        x = ConvBN(64, (1, 1), name="conv2_reduce", **conv_kw)(x, train)
-        x = ConvBN(192, (3, 3), name="conv2", **conv_kw)(x, train)
-        if not self.use_bn:
-            x = lrn(x)
-        x = _max_pool(x)
-        for entry in INCEPTION_TABLE:
-            if entry is None:
-                x = _max_pool(x)
-                continue
-            name, spec = entry
-            x = Inception(spec, self.branch3_kernel, name=name, **inception_kw)(x, train)
-        x = jnp.mean(x, axis=(1, 2))
-        x = nn.Dropout(self.dropout_rate, deterministic=not train, name="dropout")(x)
-        x = nn.Dense(
-            self.num_classes,
-            kernel_init=self.logits_init,
-            dtype=self.dtype,
-            param_dtype=self.param_dtype,
-            name="logits",
-        )(x)
-        return x.astype(jnp.float32)
+        continue
+      name, spec = entry
+      x = Inception(spec, self.branch3_kernel, name=name, **inception_kw)(x, train)
+    x = jnp.mean(x, axis=(1, 2))
+    x = nn.Dropout(self.dropout_rate, deterministic=not train, name="dropout")(x)
+    x = nn.Dense(
+        self.num_classes,
+        kernel_init=self.logits_init,
+        dtype=self.dtype,
+        param_dtype=self.param_dtype,
+        name="logits",
+    )(x)
+    return x.astype(jnp.float32)

@@ -50,121 +50,121 @@ def local_response_norm(
     alpha: float = 1.0,
     beta: float = 0.5,
 ) -> jax.Array:
-    """Cross-channel local response normalisation, exactly as ``tf.nn.lrn``.
+  """Cross-channel local response normalisation, exactly as ``tf.nn.lrn``.
 
-    For NHWC input ``x``::
+  For NHWC input ``x``::
 
-        sqr_sum[n, h, w, c] = sum_{c' = c - r}^{c + r} x[n, h, w, c']**2   (out-of-range c' skipped)
-        out = x / (bias + alpha * sqr_sum) ** beta
+      sqr_sum[n, h, w, c] = sum_{c' = c - r}^{c + r} x[n, h, w, c']**2   (out-of-range c' skipped)
+      out = x / (bias + alpha * sqr_sum) ** beta
 
-    with ``r = depth_radius``. Note the TF convention: ``alpha`` multiplies the plain sum. Caffe's
-    ``LRN(local_size=n, alpha=a, beta=b)`` (Krizhevsky et al. 2012, §3.3) divides by
-    ``(1 + a / n * sum) ** b`` and corresponds to ``depth_radius=(n - 1) // 2, bias=1,
-    alpha=a / n, beta=b`` here.
+  with ``r = depth_radius``. Note the TF convention: ``alpha`` multiplies the plain sum. Caffe's
+  ``LRN(local_size=n, alpha=a, beta=b)`` (Krizhevsky et al. 2012, §3.3) divides by
+  ``(1 + a / n * sum) ** b`` and corresponds to ``depth_radius=(n - 1) // 2, bias=1,
+  alpha=a / n, beta=b`` here.
 
-    The sum is computed in float32 (and the result cast back to ``x.dtype``), so the op is safe
-    under bfloat16/float16 compute.
+  The sum is computed in float32 (and the result cast back to ``x.dtype``), so the op is safe
+  under bfloat16/float16 compute.
 
-    Args:
-      x: input of shape ``(..., channels)``; the normalisation runs over the last axis.
-      depth_radius: half-width ``r`` of the channel window (window size ``2r + 1``).
-      bias: additive constant (``k`` in Krizhevsky et al.).
-      alpha: scale of the squared sum.
-      beta: exponent.
+  Args:
+    x: input of shape ``(..., channels)``; the normalisation runs over the last axis.
+    depth_radius: half-width ``r`` of the channel window (window size ``2r + 1``).
+    bias: additive constant (``k`` in Krizhevsky et al.).
+    alpha: scale of the squared sum.
+    beta: exponent.
 
-    Returns:
-      Array of the same shape and dtype as ``x``.
+  Returns:
+    Array of the same shape and dtype as ``x``.
 
-    Raises:
-      ValueError: if ``depth_radius`` is negative or ``x`` is a scalar.
-    """
-    if depth_radius < 0:
-        raise ValueError(f"depth_radius must be >= 0, got {depth_radius}")
-    if x.ndim < 1:
-        raise ValueError("local_response_norm needs an input with a channel axis")
-    xf = x.astype(jnp.float32)
-    window = (1,) * (x.ndim - 1) + (2 * depth_radius + 1,)
-    padding = ((0, 0),) * (x.ndim - 1) + ((depth_radius, depth_radius),)
-    sqr_sum = lax.reduce_window(xf * xf, 0.0, lax.add, window, (1,) * x.ndim, padding)
-    return (xf * lax.pow(bias + alpha * sqr_sum, -jnp.float32(beta))).astype(x.dtype)
+  Raises:
+    ValueError: if ``depth_radius`` is negative or ``x`` is a scalar.
+  """
+  if depth_radius < 0:
+    raise ValueError(f"depth_radius must be >= 0, got {depth_radius}")
+  if x.ndim < 1:
+    raise ValueError("local_response_norm needs an input with a channel axis")
+  xf = x.astype(jnp.float32)
+  window = (1,) * (x.ndim - 1) + (2 * depth_radius + 1,)
+  padding = ((0, 0),) * (x.ndim - 1) + ((depth_radius, depth_radius),)
+  sqr_sum = lax.reduce_window(xf * xf, 0.0, lax.add, window, (1,) * x.ndim, padding)
+  return (xf * lax.pow(bias + alpha * sqr_sum, -jnp.float32(beta))).astype(x.dtype)
 
 
 def caffe_padding(kernel_size: Sequence[int]) -> list[tuple[int, int]]:
-    """Symmetric padding ``k // 2`` per spatial axis, as Caffe/PyTorch models specify it.
+  """Symmetric padding ``k // 2`` per spatial axis, as Caffe/PyTorch models specify it.
 
-    Unlike ``"SAME"``, which for stride 2 puts the extra pixel at the high end only, this keeps
-    output pixel ``i`` centred on input pixel ``stride * i``: what the papers' Caffe models do, and
-    what parameter-free subsampling shortcuts (``x[:, ::2, ::2]``) line up with.
-    """
-    return [(k // 2, k // 2) for k in kernel_size]
+  Unlike ``"SAME"``, which for stride 2 puts the extra pixel at the high end only, this keeps
+  output pixel ``i`` centred on input pixel ``stride * i``: what the papers' Caffe models do, and
+  what parameter-free subsampling shortcuts (``x[:, ::2, ::2]``) line up with.
+  """
+  return [(k // 2, k // 2) for k in kernel_size]
 
 
 class ConvBN(nn.Module):
-    """Convolution, then batch norm (optional), then ReLU (optional).
+  """Convolution, then batch norm (optional), then ReLU (optional).
 
-    Children are named ``conv`` and ``bn`` so that a parameter path such as
-    ``('params', 'inception3a', 'branch3x3', 'bn', 'scale')`` identifies both the layer and
-    the fact that it is batch norm (see :func:`jaxcomp.models.is_batch_norm`).
+  Children are named ``conv`` and ``bn`` so that a parameter path such as
+  ``('params', 'inception3a', 'branch3x3', 'bn', 'scale')`` identifies both the layer and
+  the fact that it is batch norm (see :func:`jaxcomp.models.is_batch_norm`).
 
-    With batch norm the convolution has no bias: BN's shift (beta) makes it redundant
-    (Ioffe & Szegedy 2015, §3.2). Without batch norm the convolution has a bias.
+  With batch norm the convolution has no bias: BN's shift (beta) makes it redundant
+  (Ioffe & Szegedy 2015, §3.2). Without batch norm the convolution has a bias.
 
-    Attributes:
-      features: output channels.
-      kernel_size: spatial kernel size.
-      strides: spatial strides.
-      padding: Flax padding spec; default ``None`` means symmetric ``k // 2`` (Caffe style).
-      groups: feature groups (``feature_group_count``), e.g. 2 for AlexNet's split layers.
-      use_bn: apply batch norm after the convolution.
-      relu: apply ReLU at the end.
-      kernel_init: initialiser of the convolution kernel.
-      bn_momentum: batch-norm moving-average decay.
-      bn_epsilon: batch-norm epsilon.
-      bn_axis_name: named axis over which batch statistics are averaged (``None``: per worker).
-      dtype: compute dtype (parameters stay ``param_dtype``).
-      param_dtype: parameter dtype.
-    """
+  Attributes:
+    features: output channels.
+    kernel_size: spatial kernel size.
+    strides: spatial strides.
+    padding: Flax padding spec; default ``None`` means symmetric ``k // 2`` (Caffe style).
+    groups: feature groups (``feature_group_count``), e.g. 2 for AlexNet's split layers.
+    use_bn: apply batch norm after the convolution.
+    relu: apply ReLU at the end.
+    kernel_init: initialiser of the convolution kernel.
+    bn_momentum: batch-norm moving-average decay.
+    bn_epsilon: batch-norm epsilon.
+    bn_axis_name: named axis over which batch statistics are averaged (``None``: per worker).
+    dtype: compute dtype (parameters stay ``param_dtype``).
+    param_dtype: parameter dtype.
+  """
 
-    features: int
-    kernel_size: Sequence[int] = (3, 3)
-    strides: Sequence[int] = (1, 1)
-    padding: Any = None
-    groups: int = 1
-    use_bn: bool = True
-    relu: bool = True
-    kernel_init: Initializer = he_normal
-    bn_momentum: float = 0.9
-    bn_epsilon: float = 1e-5
-    bn_axis_name: str | None = None
-    dtype: Dtype = jnp.float32
-    param_dtype: Dtype = jnp.float32
+  features: int
+  kernel_size: Sequence[int] = (3, 3)
+  strides: Sequence[int] = (1, 1)
+  padding: Any = None
+  groups: int = 1
+  use_bn: bool = True
+  relu: bool = True
+  kernel_init: Initializer = he_normal
+  bn_momentum: float = 0.9
+  bn_epsilon: float = 1e-5
+  bn_axis_name: str | None = None
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
 
-    @nn.compact
-    def __call__(self, x: jax.Array, train: bool = False) -> jax.Array:
-        kernel_size = tuple(self.kernel_size)
-        padding = caffe_padding(kernel_size) if self.padding is None else self.padding
-        x = nn.Conv(
-            self.features,
-            kernel_size,
-            strides=tuple(self.strides),
-            padding=padding,
-            feature_group_count=self.groups,
-            use_bias=not self.use_bn,
-            kernel_init=self.kernel_init,
-            dtype=self.dtype,
-            param_dtype=self.param_dtype,
-            name="conv",
-        )(x)
-        if self.use_bn:
-            x = nn.BatchNorm(
-                use_running_average=not train,
-                momentum=self.bn_momentum,
-                epsilon=self.bn_epsilon,
-                axis_name=self.bn_axis_name,
-                dtype=self.dtype,
-                param_dtype=self.param_dtype,
-                name="bn",
-            )(x)
-        if self.relu:
-            x = nn.relu(x)
-        return x
+  @nn.compact
+  def __call__(self, x: jax.Array, train: bool = False) -> jax.Array:
+    kernel_size = tuple(self.kernel_size)
+    padding = caffe_padding(kernel_size) if self.padding is None else self.padding
+    x = nn.Conv(
+        self.features,
+        kernel_size,
+        strides=tuple(self.strides),
+        padding=padding,
+        feature_group_count=self.groups,
+        use_bias=not self.use_bn,
+        kernel_init=self.kernel_init,
+        dtype=self.dtype,
+        param_dtype=self.param_dtype,
+        name="conv",
+    )(x)
+    if self.use_bn:
+      x = nn.BatchNorm(
+          use_running_average=not train,
+          momentum=self.bn_momentum,
+          epsilon=self.bn_epsilon,
+          axis_name=self.bn_axis_name,
+          dtype=self.dtype,
+          param_dtype=self.param_dtype,
+          name="bn",
+      )(x)
+    if self.relu:
+      x = nn.relu(x)
+    return x

@@ -29,37 +29,37 @@ from jaxcomp.models.layers import Dtype, Initializer, caffe_xavier, zeros
 
 
 class LeNet(nn.Module):
-    """Caffe's LeNet for 28×28×1 MNIST digits (TernGrad §4.1).
+  """Caffe's LeNet for 28×28×1 MNIST digits (TernGrad §4.1).
 
-    Attributes:
-      num_classes: size of the ``logits`` layer.
-      kernel_init: initialiser of all weights (default: Caffe "xavier", i.e. LeCun-uniform).
-      bias_init: initialiser of all biases.
-      dtype: compute dtype.
-      param_dtype: parameter dtype.
-    """
+  Attributes:
+    num_classes: size of the ``logits`` layer.
+    kernel_init: initialiser of all weights (default: Caffe "xavier", i.e. LeCun-uniform).
+    bias_init: initialiser of all biases.
+    dtype: compute dtype.
+    param_dtype: parameter dtype.
+  """
 
-    num_classes: int = 10
-    kernel_init: Initializer = caffe_xavier
-    bias_init: Initializer = zeros
-    dtype: Dtype = jnp.float32
-    param_dtype: Dtype = jnp.float32
+  num_classes: int = 10
+  kernel_init: Initializer = caffe_xavier
+  bias_init: Initializer = zeros
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
 
-    @nn.compact
-    def __call__(self, x: jax.Array, train: bool = False) -> jax.Array:
-        """Logits for NHWC images. ``train`` is accepted for interface uniformity (no effect)."""
-        del train  # no dropout, no batch norm
-        kw = dict(
-            kernel_init=self.kernel_init,
-            bias_init=self.bias_init,
-            dtype=self.dtype,
-            param_dtype=self.param_dtype,
-        )
-        x = nn.Conv(20, (5, 5), padding="VALID", name="conv1", **kw)(x)
-        x = nn.max_pool(x, (2, 2), strides=(2, 2), padding="VALID")
-        x = nn.Conv(50, (5, 5), padding="VALID", name="conv2", **kw)(x)
-        x = nn.max_pool(x, (2, 2), strides=(2, 2), padding="VALID")
-        x = x.reshape((x.shape[0], -1))
-        x = nn.relu(nn.Dense(500, name="fc1", **kw)(x))
-        x = nn.Dense(self.num_classes, name="logits", **kw)(x)
-        return x.astype(jnp.float32)
+  @nn.compact
+  def __call__(self, x: jax.Array, train: bool = False) -> jax.Array:
+    """Logits for NHWC images. ``train`` is accepted for interface uniformity (no effect)."""
+    del train  # no dropout, no batch norm
+    kw = dict(
+        kernel_init=self.kernel_init,
+        bias_init=self.bias_init,
+        dtype=self.dtype,
+        param_dtype=self.param_dtype,
+    )
+    x = nn.Conv(20, (5, 5), padding="VALID", name="conv1", **kw)(x)
+    x = nn.max_pool(x, (2, 2), strides=(2, 2), padding="VALID")
+    x = nn.Conv(50, (5, 5), padding="VALID", name="conv2", **kw)(x)
+    x = nn.max_pool(x, (2, 2), strides=(2, 2), padding="VALID")
+    x = x.reshape((x.shape[0], -1))
+    x = nn.relu(nn.Dense(500, name="fc1", **kw)(x))
+    x = nn.Dense(self.num_classes, name="logits", **kw)(x)
+    return x.astype(jnp.float32)

@@ -51,146 +51,146 @@ STAGE_WIDTHS = (16, 32, 64)
 
 
 def blocks_per_stage(depth: int) -> int:
-    """``n`` for a CIFAR ResNet of the given depth (depth = 6n + 2, n >= 1).
+  """``n`` for a CIFAR ResNet of the given depth (depth = 6n + 2, n >= 1).
 
-    Raises:
-      ValueError: if ``depth`` is not of the form 6n + 2 with n >= 1.
-    """
-    if isinstance(depth, bool) or not isinstance(depth, int):
-        raise ValueError(f"ResNet depth must be an int, got {depth!r}")
-    if depth < 8 or (depth - 2) % 6 != 0:
-        raise ValueError(
-            f"CIFAR ResNet depth must be 6n + 2 with n >= 1 (8, 14, 20, 32, 44, 56, 110, ...), "
-            f"got {depth}"
-        )
-    return (depth - 2) // 6
+  Raises:
+    ValueError: if ``depth`` is not of the form 6n + 2 with n >= 1.
+  """
+  if isinstance(depth, bool) or not isinstance(depth, int):
+    raise ValueError(f"ResNet depth must be an int, got {depth!r}")
+  if depth < 8 or (depth - 2) % 6 != 0:
+    raise ValueError(
+        f"CIFAR ResNet depth must be 6n + 2 with n >= 1 (8, 14, 20, 32, 44, 56, 110, ...), "
+        f"got {depth}"
+    )
+  return (depth - 2) // 6
 
 
 def shortcut_option_a(x: jax.Array, out_channels: int, stride: int) -> jax.Array:
-    """He et al.'s parameter-free "option A" shortcut.
+  """He et al.'s parameter-free "option A" shortcut.
 
-    Subsamples spatially by ``stride`` (keeping pixels ``0, stride, 2·stride, …``) and pads the
-    channel axis with zeros at the end up to ``out_channels``.
-    """
-    if stride != 1:
-        x = x[:, ::stride, ::stride, :]
-    extra = out_channels - x.shape[-1]
-    if extra < 0:
-        raise ValueError(f"option-A shortcut cannot reduce channels ({x.shape[-1]} -> {out_channels})")
-    if extra:
-        x = jnp.pad(x, ((0, 0), (0, 0), (0, 0), (0, extra)))
-    return x
+  Subsamples spatially by ``stride`` (keeping pixels ``0, stride, 2·stride, …``) and pads the
+  channel axis with zeros at the end up to ``out_channels``.
+  """
+  if stride != 1:
+    x = x[:, ::stride, ::stride, :]
+  extra = out_channels - x.shape[-1]
+  if extra < 0:
+    raise ValueError(f"option-A shortcut cannot reduce channels ({x.shape[-1]} -> {out_channels})")
+  if extra:
+    x = jnp.pad(x, ((0, 0), (0, 0), (0, 0), (0, extra)))
+  return x
 
 
 class BasicBlock(nn.Module):
-    """Two 3×3 conv–BN layers with an option-A identity shortcut (He et al. 2015, Fig. 2).
+  """Two 3×3 conv–BN layers with an option-A identity shortcut (He et al. 2015, Fig. 2).
 
-    Children: ``conv1``, ``bn1``, ``conv2``, ``bn2``.
-    """
+  Children: ``conv1``, ``bn1``, ``conv2``, ``bn2``.
+  """
 
-    features: int
-    strides: int = 1
-    conv_init: Initializer = he_normal
-    bn_momentum: float = 0.9
-    bn_epsilon: float = 1e-5
-    bn_axis_name: str | None = None
-    dtype: Dtype = jnp.float32
-    param_dtype: Dtype = jnp.float32
+  features: int
+  strides: int = 1
+  conv_init: Initializer = he_normal
+  bn_momentum: float = 0.9
+  bn_epsilon: float = 1e-5
+  bn_axis_name: str | None = None
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
 
-    @nn.compact
-    def __call__(self, x: jax.Array, train: bool = False) -> jax.Array:
-        conv = lambda stride, name: nn.Conv(
-            self.features,
-            (3, 3),
-            strides=(stride, stride),
-            padding=[(1, 1), (1, 1)],
-            use_bias=False,
-            kernel_init=self.conv_init,
-            dtype=self.dtype,
-            param_dtype=self.param_dtype,
-            name=name,
-        )
-        bn = lambda name: nn.BatchNorm(
-            use_running_average=not train,
-            momentum=self.bn_momentum,
-            epsilon=self.bn_epsilon,
-            axis_name=self.bn_axis_name,
-            dtype=self.dtype,
-            param_dtype=self.param_dtype,
-            name=name,
-        )
-        y = nn.relu(bn("bn1")(conv(self.strides, "conv1")(x)))
-        y = bn("bn2")(conv(1, "conv2")(y))
-        return nn.relu(y + shortcut_option_a(x, self.features, self.strides).astype(y.dtype))
+  @nn.compact
+  def __call__(self, x: jax.Array, train: bool = False) -> jax.Array:
+    conv = lambda stride, name: nn.Conv(
+        self.features,
+        (3, 3),
+        strides=(stride, stride),
+        padding=[(1, 1), (1, 1)],
+        use_bias=False,
+        kernel_init=self.conv_init,
+        dtype=self.dtype,
+        param_dtype=self.param_dtype,
+        name=name,
+    )
+    bn = lambda name: nn.BatchNorm(
+        use_running_average=not train,
+        momentum=self.bn_momentum,
+        epsilon=self.bn_epsilon,
+        axis_name=self.bn_axis_name,
+        dtype=self.dtype,
+        param_dtype=self.param_dtype,
+        name=name,
+    )
+    y = nn.relu(bn("bn1")(conv(self.strides, "conv1")(x)))
+    y = bn("bn2")(conv(1, "conv2")(y))
+    return nn.relu(y + shortcut_option_a(x, self.features, self.strides).astype(y.dtype))
 
 
 class CifarResNet(nn.Module):
-    """CIFAR-10 ResNet of depth 6n + 2 (He et al. 2015, §4.2), 32×32×3 input.
+  """CIFAR-10 ResNet of depth 6n + 2 (He et al. 2015, §4.2), 32×32×3 input.
 
-    Parameter paths: ``conv1``/``bn1`` (stem), ``stage{s}_block{b}/{conv,bn}{1,2}`` with s in 1..3
-    and b in 1..n, ``logits``.
+  Parameter paths: ``conv1``/``bn1`` (stem), ``stage{s}_block{b}/{conv,bn}{1,2}`` with s in 1..3
+  and b in 1..n, ``logits``.
 
-    Attributes:
-      depth: 20, 32, 44, 56, 110, ... (must be 6n + 2).
-      num_classes: size of the ``logits`` layer.
-      conv_init: initialiser of the convolution kernels.
-      logits_init: initialiser of the ``logits`` kernel.
-      bn_momentum: batch-norm moving-average decay.
-      bn_epsilon: batch-norm epsilon.
-      bn_axis_name: named axis for cross-worker batch statistics (``None``: per worker).
-      dtype: compute dtype.
-      param_dtype: parameter dtype.
+  Attributes:
+    depth: 20, 32, 44, 56, 110, ... (must be 6n + 2).
+    num_classes: size of the ``logits`` layer.
+    conv_init: initialiser of the convolution kernels.
+    logits_init: initialiser of the ``logits`` kernel.
+    bn_momentum: batch-norm moving-average decay.
+    bn_epsilon: batch-norm epsilon.
+    bn_axis_name: named axis for cross-worker batch statistics (``None``: per worker).
+    dtype: compute dtype.
+    param_dtype: parameter dtype.
+  """
+
+  depth: int = 20
+  num_classes: int = 10
+  conv_init: Initializer = he_normal
+  logits_init: Initializer = lecun_normal
+  bn_momentum: float = 0.9
+  bn_epsilon: float = 1e-5
+  bn_axis_name: str | None = None
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
+
+  def __post_init__(self) -> None:
+    blocks_per_stage(self.depth)  # validate early, with a clear message
+    super().__post_init__()
+
+  @nn.compact
+  def __call__(self, x: jax.Array, train: bool = False) -> jax.Array:
+    """Logits for NHWC images.
+
+    Args:
+      x: float images ``(batch, 32, 32, 3)`` (other sizes work; pooling is global).
+      train: use batch statistics (needs ``mutable=['batch_stats']``) when ``True``.
     """
-
-    depth: int = 20
-    num_classes: int = 10
-    conv_init: Initializer = he_normal
-    logits_init: Initializer = lecun_normal
-    bn_momentum: float = 0.9
-    bn_epsilon: float = 1e-5
-    bn_axis_name: str | None = None
-    dtype: Dtype = jnp.float32
-    param_dtype: Dtype = jnp.float32
-
-    def __post_init__(self) -> None:
-        blocks_per_stage(self.depth)  # validate early, with a clear message
-        super().__post_init__()
-
-    @nn.compact
-    def __call__(self, x: jax.Array, train: bool = False) -> jax.Array:
-        """Logits for NHWC images.
-
-        Args:
-          x: float images ``(batch, 32, 32, 3)`` (other sizes work; pooling is global).
-          train: use batch statistics (needs ``mutable=['batch_stats']``) when ``True``.
-        """
-        n = blocks_per_stage(self.depth)
-        dt = dict(dtype=self.dtype, param_dtype=self.param_dtype)
-        bn_kw = dict(
-            momentum=self.bn_momentum, epsilon=self.bn_epsilon, axis_name=self.bn_axis_name, **dt
-        )
-        x = nn.Conv(
-            STAGE_WIDTHS[0],
-            (3, 3),
-            padding=[(1, 1), (1, 1)],
-            use_bias=False,
-            kernel_init=self.conv_init,
-            name="conv1",
+    n = blocks_per_stage(self.depth)
+    dt = dict(dtype=self.dtype, param_dtype=self.param_dtype)
+    bn_kw = dict(
+        momentum=self.bn_momentum, epsilon=self.bn_epsilon, axis_name=self.bn_axis_name, **dt
+    )
+    x = nn.Conv(
+        STAGE_WIDTHS[0],
+        (3, 3),
+        padding=[(1, 1), (1, 1)],
+        use_bias=False,
+        kernel_init=self.conv_init,
+        name="conv1",
+        **dt,
+    )(x)
+    x = nn.relu(nn.BatchNorm(use_running_average=not train, name="bn1", **bn_kw)(x))
+    for s, width in enumerate(STAGE_WIDTHS, start=1):
+      for b in range(1, n + 1):
+        x = BasicBlock(
+            width,
+            strides=2 if (s > 1 and b == 1) else 1,
+            conv_init=self.conv_init,
+            bn_momentum=self.bn_momentum,
+            bn_epsilon=self.bn_epsilon,
+            bn_axis_name=self.bn_axis_name,
+            name=f"stage{s}_block{b}",
             **dt,
-        )(x)
-        x = nn.relu(nn.BatchNorm(use_running_average=not train, name="bn1", **bn_kw)(x))
-        for s, width in enumerate(STAGE_WIDTHS, start=1):
-            for b in range(1, n + 1):
-                x = BasicBlock(
-                    width,
-                    strides=2 if (s > 1 and b == 1) else 1,
-                    conv_init=self.conv_init,
-                    bn_momentum=self.bn_momentum,
-                    bn_epsilon=self.bn_epsilon,
-                    bn_axis_name=self.bn_axis_name,
-                    name=f"stage{s}_block{b}",
-                    **dt,
-                )(x, train)
-        x = jnp.mean(x, axis=(1, 2))
-        x = nn.Dense(self.num_classes, kernel_init=self.logits_init, name="logits", **dt)(x)
-        return x.astype(jnp.float32)
+        )(x, train)
+    x = jnp.mean(x, axis=(1, 2))
+    x = nn.Dense(self.num_classes, kernel_init=self.logits_init, name="logits", **dt)(x)
+    return x.astype(jnp.float32)
