@@ -1,0 +1,66 @@
+"""One process of the multi-process test: jax.distributed on localhost, gloo collectives.
+
+Usage: python worker.py PORT NUM_PROCESSES PROCESS_ID OUT.npz
+Runs two TernGrad exchange steps with jax.shard_map over a mesh of one CPU
+device per process, and saves the averaged updates.
+"""
+
+import sys
+
+import jax
+
+port, nproc, pid, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+jax.config.update("jax_cpu_collectives_implementation", "gloo")
+jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=nproc,
+                           process_id=pid, local_device_ids=[0])
+
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
+
+import jaxcomp  # noqa: E402
+from jaxcomp import parallel  # noqa: E402
+
+assert jax.process_count() == nproc and len(jax.devices()) == nproc
+
+
+def grads(step):
+  """Every worker's gradients, identical in every process (each picks its own row)."""
+  k = jax.random.PRNGKey(100 + step)
+  return {"w": jax.random.normal(k, (nproc, 37, 11)), "b": jax.random.normal(k, (nproc, 11)) * 0.1}
+
+
+mesh = jax.make_mesh((nproc,), ("d",), axis_types=(jax.sharding.AxisType.Auto,))
+tx = jaxcomp.terngrad(axis_name="d")
+params = {"w": jnp.zeros((37, 11)), "b": jnp.zeros((11,))}
+state = parallel.replicate_workers(tx.init(params), nproc)
+specs = parallel.worker_specs(state, "d")
+axes = parallel.worker_axes(state)
+
+
+def per_device(g, s):
+  g = jax.tree.map(lambda a: a[0], g)
+  s = jax.tree.map(lambda a, ax: a if ax is None else a[0], s, axes)
+  upd, s2 = tx.update(g, s)
+  s2 = jax.tree.map(lambda a, ax: a if ax is None else a[None], s2, axes)
+  return upd, s2
+
+
+step = jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=(P("d"), specs), out_specs=(P(), specs)))
+
+
+def globalize(tree, spec_tree):
+  return jax.tree.map(
+      lambda a, sp: jax.make_array_from_callback(a.shape, NamedSharding(mesh, sp), lambda idx: a[idx]),
+      tree, spec_tree)
+
+
+state = globalize(state, specs)
+outs = {}
+for t in range(2):
+  g = globalize(grads(t), jax.tree.map(lambda _: P("d"), grads(t)))
+  upd, state = step(g, state)
+  for k, v in upd.items():
+    outs[f"{k}{t}"] = np.asarray(v.addressable_data(0))
+np.savez(out, **outs)
+jax.distributed.shutdown()
