@@ -129,6 +129,11 @@ PAPER = {
     "bits_zre_note": ("§4.5: zero-run 'halves the traffic volume' at s = 1.00 (1.6 -> ~0.8 bits); "
                       "s = 1.90: 0.2 bits, 160x; abstract: 0.3-0.8 bits per value, 39-107x. "
                       "Table 2's rows for s = 1.50 and 1.75 are not in papers/3lc.md."),
+    # Figure 6 (s = 1.00 and 1.75; pushes and pulls), as §4.5 describes it.
+    "fig6_note": ("Compressed pushes tend to be smaller than compressed pulls until the later stage "
+                  "of training ... After finishing approximately 70% of training (when runtime "
+                  "training loss becomes more stable), compressed pushes become larger, which shows "
+                  "that workers now generate less sparse gradients."),
 }
 
 

@@ -29,19 +29,36 @@ FLAGS = flags.FLAGS
 # Each module under experiments/reports/ renders its paper's experiments:
 # RENDERERS maps an experiment id (EXPERIMENTS.md) to render(runs_by_dataset,
 # out_path, img_dir) -> list of markdown lines. The report lists them in order.
+# An optional RUNS_FROM maps an experiment id to the experiment whose runs it
+# reads, for results measured in another experiment's runs (3LC-T2 and 3LC-F6
+# are read from 3LC-T1's runs).
 RENDERER_MODULES = ("terngrad", "threelc", "qsgd", "dryden")
 
 
-def renderers() -> dict[str, Callable]:
-  out: dict[str, Callable] = {}
+def _modules() -> list:
+  out = []
   for name in RENDERER_MODULES:
     try:
-      module = importlib.import_module(f"experiments.reports.{name}")
+      out.append(importlib.import_module(f"experiments.reports.{name}"))
     except ModuleNotFoundError as e:
       if e.name == f"experiments.reports.{name}":
         continue
       raise
+  return out
+
+
+def renderers() -> dict[str, Callable]:
+  out: dict[str, Callable] = {}
+  for module in _modules():
     out.update(module.RENDERERS)
+  return out
+
+
+def run_sources() -> dict[str, str]:
+  """Experiment id -> the experiment id whose runs its renderer reads (default: itself)."""
+  out: dict[str, str] = {}
+  for module in _modules():
+    out.update(getattr(module, "RUNS_FROM", {}))
   return out
 
 
@@ -59,10 +76,11 @@ def build(root: str, out_path: str) -> str:
       "",
   ]
   table = renderers()
+  source = run_sources()
   for exp_id, render in table.items():
-    if exp_id in runs:
-      lines += render(runs[exp_id], out_path, img_dir)
-  missing = [e for e in table if e not in runs]
+    if source.get(exp_id, exp_id) in runs:
+      lines += render(runs[source.get(exp_id, exp_id)], out_path, img_dir)
+  missing = [e for e in table if source.get(e, e) not in runs]
   if missing:
     lines += ["## Not run yet", "", ", ".join(missing), ""]
   text = "\n".join(lines).rstrip() + "\n"
