@@ -1,0 +1,199 @@
+"""3LC-T1/T2/F6 and QSGD-T1/B: configs, sweeps, a runlocal run, benchmarks and report renderers.
+
+The renderer tests build TEST FIXTURES: tiny synthetic run directories in
+``tmp_path`` with made-up numbers, to check that the renderers read the right
+files and columns and put each number where it belongs. They are not results.
+"""
+
+import ast
+import csv
+import json
+import math
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from benchmarks import qsgd_bits
+from configs import qsgd_resnet110
+from configs import threelc_resnet110
+from experiments import report
+from experiments import train
+from jaxcomp import codecs
+
+CONFIGS = {"3LC-T1": threelc_resnet110, "QSGD-T1": qsgd_resnet110}
+
+
+# -- configs and sweeps ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("module", CONFIGS.values(), ids=CONFIGS.keys())
+def test_config_builds_and_sweep_is_unique(module):
+  full = module.get_config()
+  assert full.model == "resnet110" and full.dataset == "cifar10" and full.augment == "cifar_resnet"
+  local = module.get_config("runlocal")
+  assert local.model == "resnet" and local.model_kwargs.depth == 8
+  assert local.dataset in ("fashion_mnist_debian", "mnist5k")
+  assert (local.image_size, local.channels) == (32, 3)
+  assert module.get_config("runlocal,dataset=mnist5k").dataset == "mnist5k"
+  with pytest.raises(ValueError, match="Unknown config argument"):
+    module.get_config("bogus=1")
+  runs = module.get_sweep("runlocal")
+  names = [n for n, _ in runs]
+  assert len(names) == len(set(names)) == len(module.DESIGNS)
+  assert set(module.PAPER["accuracy"]) == set(names)
+  for name, overrides in runs:
+    # The sweep passes a dict override as --config.KEY=<json.dumps(value)> (experiments.sweep.
+    # format_value); ml_collections reads it with ast.literal_eval, so it must round-trip.
+    for v in overrides.values():
+      if isinstance(v, dict):
+        assert ast.literal_eval(json.dumps(v)) == v
+    c = module.get_config("runlocal")
+    for k, v in overrides.items():
+      setattr(c, k, v)
+    train.validate_config(c)
+    train.make_tx(c, axis_name=None)  # every design's compressor accepts its arguments
+
+
+def test_paper_numbers_as_the_tables_state_them():
+  acc = threelc_resnet110.PAPER["accuracy"]
+  assert acc["float32"] == 93.37 and acc["3lc_s1.00"] == 93.32 and acc["3lc_s1.75"] == 93.51
+  # Table 1's difference column: each design minus 32-bit float.
+  diffs = {"int8": -0.04, "stoch_3value_b35": -1.31, "mqe_1bit": -0.16, "sparsify_5pct": -0.50,
+           "local_steps_2": -0.34, "3lc_s1.00": -0.05, "3lc_s1.50": -0.08, "3lc_s1.75": 0.14,
+           "3lc_s1.90": -0.27}
+  for k, d in diffs.items():
+    assert round(acc[k] - acc["float32"], 2) == d
+  q = qsgd_resnet110.PAPER["accuracy"]
+  assert q == {"float32": 93.86, "qsgd_2bit_b128": None, "qsgd_4bit_b512": 94.19, "qsgd_8bit_b512": None}
+  c = threelc_resnet110.get_config()
+  assert c.learning_rate * c.workers == 1.0 and math.isclose(c.lr_end, 0.01)
+  assert c.batch_norm_stats == "worker0" and c.skip_batch_norm and c.batch_size == 320
+  assert qsgd_resnet110.get_config().min_size == 10_000
+
+
+@pytest.mark.parametrize("module", CONFIGS.values(), ids=CONFIGS.keys())
+def test_runlocal_runs_end_to_end(module, tmp_path):
+  """runlocal as committed (ResNet-8, its workers and batch), 2 steps, on MNIST-5k."""
+  c = module.get_config("runlocal,dataset=mnist5k")
+  c.num_train_steps = 2
+  c.eval_every = 0
+  c.log_every = 1
+  c.progress = False
+  s = train.train_and_evaluate(c, str(tmp_path))
+  assert s["steps"] == 2 and s["test_examples"] == 1000 and s["workers"] == c.workers
+  assert s["compressed_ratio"] > 1.0
+  rows = list(csv.DictReader(open(tmp_path / "metrics.csv")))
+  assert {"compressed_bytes_on_wire", "compressed_float32_bytes", "encoded_bytes", "float_bytes"} <= set(rows[0])
+
+
+# -- benchmarks ---------------------------------------------------------------------------------
+
+
+def test_qsgd_bits_snapshot_matches_the_codec():
+  """On a TEST-FIXTURE vector (Gaussian): bits equal the codec's message; bounds as the formulas."""
+  rng = np.random.default_rng(0)
+  g = {"a": rng.standard_normal((40, 50)).astype(np.float32), "b": rng.standard_normal(30).astype(np.float32)}
+  rows = qsgd_bits.snapshot_rows(g, 0, [2, qsgd_bits.SQRT_N], draws=2, key=jax.random.PRNGKey(0))
+  model_sqrt = next(r for r in rows if r["scope"] == "model" and r["s"] == qsgd_bits.SQRT_N)
+  n = 2030
+  assert model_sqrt["n"] == n and model_sqrt["s_values"] == math.isqrt(n)
+  assert model_sqrt["corollary_3_3_bits"] == pytest.approx(2.8 * n + 32)
+  assert model_sqrt["bits_mean"] < model_sqrt["corollary_3_3_bits"]
+  per = next(r for r in rows if r["scope"] == "per_tensor" and r["s"] == 2)
+  assert per["theorem_3_2_bits"] == pytest.approx(qsgd_bits.theorem_3_2_bits(2000, 2) + qsgd_bits.theorem_3_2_bits(30, 2))
+  v = np.concatenate([g["a"].reshape(-1), g["b"]])
+  q = qsgd_bits.quantize_levels(v, 7, jax.random.PRNGKey(3))
+  assert np.abs(q).max() <= 7 and codecs.qsgd_message_bits(q) == codecs.qsgd_encode(1.0, q).num_bits
+
+
+# -- report renderers (TEST FIXTURES) -----------------------------------------------------------
+
+COLUMNS = list(train.CSV_DOC) + ["compressed_bytes_on_wire", "compressed_float32_bytes", "float_bytes"]
+
+
+def _fixture_run(root, experiment, dataset, name, config, acc, rows, extra=None):
+  """A synthetic run directory (test fixture) with the trainer's file layout."""
+  d = root / experiment / dataset / name
+  os.makedirs(d)
+  (d / "config.json").write_text(json.dumps(config))
+  with open(d / "metrics.csv", "w", newline="") as f:
+    w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
+    w.writeheader()
+    for r in rows:
+      w.writerow(r)
+    w.writerow({"step": rows[-1]["step"], "split": "test", "loss": 0.5, "accuracy": acc, "wall_time": 60.0})
+  last = rows[-1]
+  summary = {"experiment": experiment, "dataset": dataset, "steps": last["step"], "seed": 0,
+             "test_accuracy": acc, "test_examples": 1000.0, "wall_time_sec": 60.0, "steps_per_sec": 2.0,
+             "float32_bytes": last["float32_bytes"], "bytes_on_wire": last["bytes_on_wire"],
+             "mean_bytes_on_wire": float(np.mean([r["bytes_on_wire"] for r in rows])),
+             "mean_encoded_bytes": float(np.mean([r["encoded_bytes"] for r in rows])), **(extra or {})}
+  (d / "summary.json").write_text(json.dumps(summary))
+
+
+def _rows(wire, enc, comp_wire, comp_f32=4000, f32=4400, floats=400, steps=(10, 20)):
+  return [{"step": s, "split": "train", "loss": 1.0 / s, "accuracy": 0.5, "bytes_on_wire": wire,
+           "float32_bytes": f32, "encoded_bytes": enc(i) if callable(enc) else enc,
+           "compressed_bytes_on_wire": comp_wire, "compressed_float32_bytes": comp_f32,
+           "float_bytes": floats, "steps_per_sec": 2.0, "wall_time": 5.0 * s}
+          for i, s in enumerate(steps)]
+
+
+def test_threelc_renderers_on_fixture_runs(tmp_path):
+  cfg = threelc_resnet110
+  base = cfg.get_config("runlocal,dataset=mnist5k").to_dict()
+  accs = {n: 0.80 + 0.001 * i for i, n in enumerate(cfg.DESIGNS)}
+  for name in cfg.DESIGNS:
+    if name.startswith("3lc"):
+      # 1000 compressed values: 205 bytes without zero-run (1.64 bits); with zero-run 100 then
+      # 150 bytes over two intervals of 10 steps (0.8 and 1.2 bits; mean 1.0).
+      rows = _rows(605, lambda i: 400 + (100, 150)[i], 205)
+    else:
+      rows = _rows(1000, 1000, 600)
+    _fixture_run(tmp_path, "3LC-T1", "mnist5k", name, base, accs[name], rows)
+  out = tmp_path / "docs" / "results.md"
+  text = report.build(str(tmp_path), str(out))
+  assert "## 3LC-T1" in text and "## 3LC-T2" in text and "## 3LC-F6" in text
+  assert "3LC-T2" not in text.split("## Not run yet")[-1] if "## Not run yet" in text else True
+  assert "**Scale: REDUCED**" in text and "model: ResNet-8 (paper: ResNet-110)" in text
+  assert "steps: 200 (paper: 25,600)" in text
+  # Table 1 row of 3LC s=1.75: paper 93.51 (+0.14), ours 80.80 - 80.00 = +0.80, difference +0.66.
+  i = list(cfg.DESIGNS).index("3lc_s1.75")
+  assert f"| 3LC (s=1.75) | 93.51 | +0.14 | {100 * accs['3lc_s1.75']:.2f} | +{0.1 * i:.2f} | " in text
+  # Table 2 row of s = 1.00: paper 1.6 / 0.8; ours 1.640 / 1.000, ratio 32x, end to end 4400/525.
+  assert "| 1.00 | 1.6 | 1.640 | 0.8 | 1.000 | — | 32.0× | 8.4× |" in text
+  assert "| 1.90 | 1.6 | 1.640 | 0.2 | 1.000 | 160× | 32.0× |" in text
+  # Fig. 6 table: first interval 0.8, last 1.2.
+  assert "| 1.00 | 0.800 | 0.800 | 1.200 | 1.200 | 0.800 | 1.200 |" in text
+  for png in ("3lc_t1_mnist5k_curves.png", "3lc_t2_mnist5k_bits_vs_s.png", "3lc_f6_mnist5k_bits_vs_step.png"):
+    assert (tmp_path / "docs" / "results" / png).exists()
+
+
+def test_qsgd_renderers_on_fixture_runs(tmp_path):
+  cfg = qsgd_resnet110
+  base = cfg.get_config("runlocal,dataset=mnist5k").to_dict()
+  for i, name in enumerate(cfg.DESIGNS):
+    # 4000 of 4400 gradient bytes quantized (90.9%): 1000 values in 281 bytes = 2.248 bits.
+    _fixture_run(tmp_path, "QSGD-T1", "mnist5k", name, base, 0.7 + 0.01 * i, _rows(681, 681, 281))
+  # QSGD-B: a fixture results.json in the benchmark's format.
+  rng = np.random.default_rng(1)
+  g = {"w": rng.standard_normal(500).astype(np.float32)}
+  res = {"dataset": "mnist5k", "model": "lenet", "parameters": 500, "wall_time_sec": 3.0,
+         "training": {"batch": 64, "snapshot_steps": [0], "optimizer": "momentum 0.9", "learning_rate": 0.01,
+                      "seed": 0, "test_accuracy_at_last_snapshot": 0.5},
+         "rows": qsgd_bits.snapshot_rows(g, 0, [1, 4, qsgd_bits.SQRT_N], 2, jax.random.PRNGKey(0))}
+  d = tmp_path / "QSGD-B" / "mnist5k" / "lenet"
+  os.makedirs(d)
+  (d / "results.json").write_text(json.dumps(res))
+  (d / "config.json").write_text(json.dumps({"experiment": "QSGD-B"}))
+  (d / "command.txt").write_text("python -m benchmarks.qsgd_bits\n")
+  text = report.build(str(tmp_path), str(tmp_path / "docs" / "results.md"))
+  assert "## QSGD-T1" in text and "## QSGD-B" in text
+  assert "| QSGD 4-bit, d=512 | 94.19 | +0.33 | 72.00 | +2.00 | +1.67 | 2.248 | 90.9% |" in text
+  assert "| QSGD 2-bit, d=128 | — | — | 71.00 | +1.00 | — |" in text
+  sq = next(r for r in res["rows"] if r["s"] == qsgd_bits.SQRT_N and r["scope"] == "model")
+  assert f"| 0 | model | √n = 22 | {sq['bits_mean']:,.0f} " in text
+  assert f"{sq['corollary_3_3_bits']:,.0f}" in text and "(s < 2: outside)" in text
+  assert (tmp_path / "docs" / "results" / "qsgd_b_mnist5k_lenet_bits_vs_s.png").exists()
