@@ -60,7 +60,6 @@ from __future__ import annotations
 
 import ml_collections
 
-from configs import common
 from configs import resnet_cifar
 
 WORKERS = 8
@@ -94,20 +93,12 @@ PAPER = {
 
 def get_sweep(arg: str | None = None) -> list[tuple[str, dict]]:
   """QSGD-T1's grid: 32-bit and the three QSGD variants of §5, same steps and seed."""
-  common.parse_arg(arg, resnet_cifar.ARGS)
-  return resnet_cifar.unique_names((name, dict(overrides)) for name, (_, overrides) in DESIGNS.items())
+  return resnet_cifar.sweep(arg, DESIGNS)
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  args = common.parse_arg(arg, resnet_cifar.ARGS)
-  c = common.base_config()
-  c.experiment = "QSGD-T1"
-  c.dataset = resnet_cifar.dataset_for(args)
-  resnet_cifar.set_cifar_resnet(c, depth=resnet_cifar.PAPER_DEPTH, dataset=c.dataset)
-  c.workers = WORKERS
-  c.batch_size = WORKERS * PER_WORKER_BATCH
-  c.num_train_steps = PAPER_STEPS
-  c.learning_rate = 0.1
+  c, args = resnet_cifar.base_config(arg, experiment="QSGD-T1", workers=WORKERS,
+                                     per_worker_batch=PER_WORKER_BATCH, steps=PAPER_STEPS)
   c.lr_schedule = "piecewise"
   c.lr_boundaries = (0.5, 0.75)
   c.lr_decay_rate = 0.1

@@ -37,6 +37,25 @@ def dataset_for(args: dict[str, str]) -> str:
   return args.get("dataset", common.offline_dataset() if "runlocal" in args else PAPER_DATASET)
 
 
+def base_config(arg: str | None, *, experiment: str, workers: int, per_worker_batch: int,
+                steps: int) -> tuple[ml_collections.ConfigDict, dict[str, str]]:
+  """A config at the paper's scale: ResNet-110 (:func:`set_cifar_resnet`), initial LR 0.1.
+
+  Returns the config and the parsed arguments (:data:`ARGS`); the caller sets
+  its paper's schedule and compression, then applies ``runlocal``
+  (:func:`set_reduced`).
+  """
+  args = common.parse_arg(arg, ARGS)
+  c = common.base_config()
+  c.experiment = experiment
+  set_cifar_resnet(c, depth=PAPER_DEPTH, dataset=dataset_for(args))
+  c.workers = workers
+  c.batch_size = workers * per_worker_batch
+  c.num_train_steps = steps
+  c.learning_rate = 0.1
+  return c, args
+
+
 def set_cifar_resnet(c: ml_collections.ConfigDict, *, depth: int, dataset: str) -> None:
   """He et al. 2015 §4.2's CIFAR ResNet of ``depth`` layers, data and optimizer.
 
@@ -73,6 +92,12 @@ def set_reduced(c: ml_collections.ConfigDict, *, steps: int, evals: int = 4) -> 
 def design(compressor: str, **kwargs: Any) -> dict[str, Any]:
   """The sweep overrides of one design: a compressor and its arguments."""
   return {"compressor": compressor, "compressor_kwargs": dict(kwargs)}
+
+
+def sweep(arg: str | None, designs: dict[str, tuple[str, dict[str, Any]]]) -> list[tuple[str, dict]]:
+  """A ``get_sweep`` grid: one run per design, ``(name, overrides)``, names unique."""
+  common.parse_arg(arg, ARGS)
+  return unique_names((name, dict(overrides)) for name, (_, overrides) in designs.items())
 
 
 def unique_names(runs: Iterable[tuple[str, dict]]) -> list[tuple[str, dict]]:

@@ -81,7 +81,6 @@ from __future__ import annotations
 
 import ml_collections
 
-from configs import common
 from configs import resnet_cifar
 
 WORKERS = 10
@@ -139,20 +138,12 @@ PAPER = {
 
 def get_sweep(arg: str | None = None) -> list[tuple[str, dict]]:
   """3LC-T1's grid: every design of §4.2, same steps and seed."""
-  common.parse_arg(arg, resnet_cifar.ARGS)
-  return resnet_cifar.unique_names((name, dict(overrides)) for name, (_, overrides) in DESIGNS.items())
+  return resnet_cifar.sweep(arg, DESIGNS)
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  args = common.parse_arg(arg, resnet_cifar.ARGS)
-  c = common.base_config()
-  c.experiment = "3LC-T1"
-  c.dataset = resnet_cifar.dataset_for(args)
-  resnet_cifar.set_cifar_resnet(c, depth=resnet_cifar.PAPER_DEPTH, dataset=c.dataset)
-  c.workers = WORKERS
-  c.batch_size = WORKERS * PER_WORKER_BATCH
-  c.num_train_steps = PAPER_STEPS
-  c.learning_rate = 0.1
+  c, args = resnet_cifar.base_config(arg, experiment="3LC-T1", workers=WORKERS,
+                                     per_worker_batch=PER_WORKER_BATCH, steps=PAPER_STEPS)
   c.lr_scale_with_workers = True  # 0.1 x 10 = 1.0 at the start ...
   c.lr_schedule = "cosine"
   c.lr_end = 0.001 * WORKERS  # ... down to 0.001 x 10 = 0.01

@@ -8,11 +8,12 @@ and wire sizes per value, all read from the runs' ``config.json``,
 
 from __future__ import annotations
 
+import os
 import statistics
 from typing import Any, Callable, Optional
 
 from experiments import plots
-from experiments.reports.common import fmt_time, pct
+from experiments.reports.common import fmt_time, pct, rel_link
 
 
 def model_label(config: dict[str, Any]) -> str:
@@ -125,3 +126,39 @@ def accuracy_table(designs: dict[str, tuple[str, Any]], paper_acc: dict[str, Opt
     lines.append("| " + " | ".join(cells) + " |")
   lines.append("")
   return lines
+
+
+def design_section(cfg: Any, dataset: str, runs: dict[str, dict], extra, curve_names, png_name: str,
+                   title: str, out_path: str, img_dir: str) -> list[str]:
+  """One dataset's section: scale, :func:`accuracy_table` of ``cfg.DESIGNS``, training curves.
+
+  ``cfg`` is the experiment's config module (``DESIGNS``, ``PAPER["accuracy"]``,
+  ``get_config()`` at the paper's scale; the baseline design is ``"float32"``);
+  ``curve_names`` the designs whose curves are plotted.
+  """
+  lines = [f"### {dataset}", ""]
+  lines += scale_lines(runs, cfg.get_config())
+  summaries = finished(runs, cfg.DESIGNS)
+  lines += accuracy_table(cfg.DESIGNS, cfg.PAPER["accuracy"], summaries, "float32", extra)
+  curves = [(cfg.DESIGNS[n][0], runs[n]["workdir"]) for n in curve_names if n in summaries]
+  if curves:
+    os.makedirs(img_dir, exist_ok=True)
+    png = os.path.join(img_dir, png_name)
+    plots.convergence_plot(curves, png, title=title, smooth=3)
+    lines += [f"![{title}]({rel_link(png, out_path)})", ""]
+  return lines
+
+
+def finish_plot(fig, ax, path: str, title: str, xlabel: str, ylabel: str, legend_size=None) -> None:
+  """Labels, grid, legend and title; writes ``path`` and closes the figure."""
+  ax.set_xlabel(xlabel)
+  ax.set_ylabel(ylabel)
+  ax.grid(alpha=0.3, which="both")
+  ax.legend(fontsize=legend_size)
+  ax.set_title(title, fontsize=10)
+  fig.tight_layout()
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  fig.savefig(path, dpi=110)
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  plt.close(fig)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 
-from experiments import plots
 from experiments.reports import designs as D
 from experiments.reports.common import fmt_time, rel_link
 
@@ -32,34 +31,27 @@ def render_t1(runs_by_dataset, out_path: str, img_dir: str) -> list[str]:
       "fraction of gradient values that are quantized (the rest, tensors under 10K, go in float32).",
       "",
   ]
-  paper_config = cfg.get_config()
   for dataset, runs in sorted(runs_by_dataset.items()):
-    lines += [f"### {dataset}", ""]
-    lines += D.scale_lines(runs, paper_config)
-    summaries = D.finished(runs, cfg.DESIGNS)
 
-    def quantized(name, s, runs=runs):
+    def last_row(name, runs=runs):
+      return D.train_rows(runs[name]["workdir"])[-1]
+
+    def quantized(name, s):
       if name == "float32":
         return "32 (float)"
-      r = D.train_rows(runs[name]["workdir"])[-1]
+      r = last_row(name)
       return f"{8 * r['compressed_bytes_on_wire'] / (r['compressed_float32_bytes'] / 4):.3f}"
 
-    def share(name, s, runs=runs):
+    def share(name, s):
       if name == "float32":
         return "0%"
-      r = D.train_rows(runs[name]["workdir"])[-1]
+      r = last_row(name)
       return f"{100 * r['compressed_float32_bytes'] / r['float32_bytes']:.1f}%"
 
     extra = [("quantized bits/value", quantized), ("quantized share", share),
              ("wire bits/value (all)", lambda n, s: f"{D.bits_per_value(s):.3f}")]
-    lines += D.accuracy_table(cfg.DESIGNS, cfg.PAPER["accuracy"], summaries, "float32", extra)
-    curves = [(cfg.DESIGNS[n][0], runs[n]["workdir"]) for n in cfg.DESIGNS if n in summaries]
-    if curves:
-      os.makedirs(img_dir, exist_ok=True)
-      png = os.path.join(img_dir, f"qsgd_t1_{dataset}_curves.png")
-      plots.convergence_plot(curves, png, title=f"QSGD-T1 on {dataset}: test accuracy and training loss",
-                             smooth=3)
-      lines += [f"![QSGD-T1 curves]({rel_link(png, out_path)})", ""]
+    lines += D.design_section(cfg, dataset, runs, extra, list(cfg.DESIGNS), f"qsgd_t1_{dataset}_curves.png",
+                              f"QSGD-T1 on {dataset}: test accuracy and training loss", out_path, img_dir)
   return lines
 
 
@@ -148,14 +140,8 @@ def plot_bits_vs_s(res, path: str) -> None:
   ax.axhline(rows[0]["float32_bits"], color="grey", ls=":", label="32n (float32)")
   ax.set_xscale("log", base=2)
   ax.set_yscale("log")
-  ax.set_xlabel("quantization levels s")
-  ax.set_ylabel("bits per iteration")
-  ax.grid(alpha=0.3, which="both")
-  ax.legend(fontsize=8)
-  ax.set_title(f"QSGD-B: LeNet gradient on {res['dataset']} (step {last}, n = {rows[0]['n']:,})")
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  D.finish_plot(fig, ax, path, f"QSGD-B: LeNet gradient on {res['dataset']} (step {last}, n = {rows[0]['n']:,})",
+                "quantization levels s", "bits per iteration", legend_size=8)
 
 
 RENDERERS = {"QSGD-T1": render_t1, "QSGD-B": render_b}

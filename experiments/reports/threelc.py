@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 
-from experiments import plots
 from experiments.reports import designs as D
 from experiments.reports.common import rel_link
 
@@ -55,24 +54,15 @@ def render_t1(runs_by_dataset, out_path: str, img_dir: str) -> list[str]:
       "speedups of Table 1 need a bandwidth-limited cluster and are not reproduced.",
       "",
   ]
-  paper_config = cfg.get_config()
+  extra = [
+      ("wire bits/value", lambda n, s: f"{D.bits_per_value(s):.3f}"),
+      ("encoded bits/value", lambda n, s: f"{D.bits_per_value(s, 'mean_encoded_bytes'):.3f}"),
+  ]
+  curve_names = [n for n in cfg.DESIGNS if n not in ("3lc_s1.50", "3lc_s1.90")]  # Fig. 3's legend
   for dataset, runs in sorted(runs_by_dataset.items()):
-    lines += [f"### {dataset}", ""]
-    lines += D.scale_lines(runs, paper_config)
-    summaries = D.finished(runs, cfg.DESIGNS)
-    extra = [
-        ("wire bits/value", lambda n, s: f"{D.bits_per_value(s):.3f}"),
-        ("encoded bits/value", lambda n, s: f"{D.bits_per_value(s, 'mean_encoded_bytes'):.3f}"),
-    ]
-    lines += D.accuracy_table(cfg.DESIGNS, cfg.PAPER["accuracy"], summaries, "float32", extra)
-    curves = [(cfg.DESIGNS[n][0], runs[n]["workdir"]) for n in cfg.DESIGNS
-              if n in summaries and n not in ("3lc_s1.50", "3lc_s1.90")]
-    if curves:
-      os.makedirs(img_dir, exist_ok=True)
-      png = os.path.join(img_dir, f"3lc_t1_{dataset}_curves.png")
-      plots.convergence_plot(curves, png, title=f"3LC-T1 on {dataset}: test accuracy and training loss "
-                             "(cf. 3LC Fig. 4)", smooth=3)
-      lines += [f"![3LC-T1 curves]({rel_link(png, out_path)})", ""]
+    lines += D.design_section(cfg, dataset, runs, extra, curve_names, f"3lc_t1_{dataset}_curves.png",
+                              f"3LC-T1 on {dataset}: test accuracy and training loss (cf. 3LC Fig. 4)",
+                              out_path, img_dir)
   return lines
 
 
@@ -113,7 +103,6 @@ def render_t2(runs_by_dataset, out_path: str, img_dir: str) -> list[str]:
                    f"{100 * run['summary']['test_accuracy']:.2f} | {run['summary']['steps']:,} |")
     lines.append("")
     if points:
-      os.makedirs(img_dir, exist_ok=True)
       png = os.path.join(img_dir, f"3lc_t2_{dataset}_bits_vs_s.png")
       plot_bits_vs_s(points, p, png, dataset)
       lines += [f"![3LC-T2 bits per value vs s]({rel_link(png, out_path)})", ""]
@@ -130,15 +119,9 @@ def plot_bits_vs_s(points, paper, path: str, dataset: str) -> None:
   ax.axhline(paper["bits_no_zre"], color="grey", ls=":", label="paper, no ZRE")
   known = [(k, v) for k, v in paper["bits_zre"].items() if v is not None]
   ax.plot([k for k, _ in known], [v for _, v in known], "kx", markersize=9, label="paper, with ZRE (§4.5 text)")
-  ax.set_xlabel("sparsity multiplier s")
-  ax.set_ylabel("bits per compressed value")
   ax.set_ylim(bottom=0)
-  ax.grid(alpha=0.3)
-  ax.legend()
-  ax.set_title(f"3LC-T2 on {dataset} (paper: CIFAR-10, Table 2)")
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  D.finish_plot(fig, ax, path, f"3LC-T2 on {dataset} (paper: CIFAR-10, Table 2)", "sparsity multiplier s",
+                "bits per compressed value")
 
 
 def render_f6(runs_by_dataset, out_path: str, img_dir: str) -> list[str]:
@@ -182,15 +165,9 @@ def plot_bits_vs_step(series, path: str, dataset: str) -> None:
     ax.plot([r["step"] for r in rows], [r["zre"] for r in rows], label=f"s = {s:.2f}, with ZRE")
   first = next(iter(series.values()))
   ax.plot([r["step"] for r in first], [r["no_zre"] for r in first], "k:", label="no ZRE (any s)")
-  ax.set_xlabel("training step")
-  ax.set_ylabel("bits per compressed value (push)")
   ax.set_ylim(bottom=0)
-  ax.grid(alpha=0.3)
-  ax.legend()
-  ax.set_title(f"3LC-F6 on {dataset}: compressed push size over training (cf. 3LC Fig. 6)")
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  D.finish_plot(fig, ax, path, f"3LC-F6 on {dataset}: compressed push size over training (cf. 3LC Fig. 6)",
+                "training step", "bits per compressed value (push)")
 
 
 RENDERERS = {"3LC-T1": render_t1, "3LC-T2": render_t2, "3LC-F6": render_f6}
