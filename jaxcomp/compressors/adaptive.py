@@ -44,12 +44,16 @@ Decisions (DESIGN.md rule 5; tested in ``tests/test_compressors_b.py``):
   rest stay in the residual and are counted in the metric ``overflow``. Empty
   slots hold the word ``0xFFFFFFFF`` (no entry), so no counts travel; the
   fixed slots per column replace the paper's "special separator" between
-  columns. ``bytes_on_wire = 4·cols·cap + 8·cols``.
+  columns. ``bytes_on_wire = 4·cols·cap + 8·cols``. ``capacity`` (a
+  fraction of the rows or a count) sets ``cap`` explicitly, e.g. 1/32 for
+  sampled thresholds: one-bit's byte budget (Dryden Fig. 3: adaptive's data
+  volume "closely follows one-bit").
 * ``encoded_bytes`` is the exact size of the paper's variable-length stream:
   per column two float32 means, 4 bytes per sent word and one 32-bit
   separator, i.e. ``12·cols + 4·sent``.
-* The per-column means differ between workers, so the aggregate decodes every
-  payload and averages.
+* The per-column means differ between workers, so the aggregate scales every
+  worker's words by that worker's means, then scatters all workers' values
+  into one tensor (one pass, not one dense decode per worker) and averages.
 
 References:
   Dryden, Moon, Jacobs, Van Essen. *Communication Quantization for
@@ -88,11 +92,14 @@ class Adaptive(core.Compressor):
     sample: entries per column sampled to find the thresholds (``None``: the
       whole column).
     rng: uniform generator for the sample.
+    capacity: word slots per column, a fraction of its rows or a count
+      (``None``: ``ceil(π·rows) + 1``, enough for exact thresholds).
   """
 
   proportion: float = 1 / 64
   sample: Optional[int] = None
   rng: rng.RngImpl = "hash"
+  capacity: Optional[_select.Capacity] = None
 
   name = "adaptive"
   error_feedback = True
@@ -102,13 +109,17 @@ class Adaptive(core.Compressor):
     _select.check_fraction(self.proportion, "proportion")
     _select.check_sample(self.sample)
     rng.check_impl(self.rng)
+    if self.capacity is not None:
+      _select.check_capacity(self.capacity)
 
   @property
   def stochastic(self) -> bool:
     return self.sample is not None
 
   def slots(self, rows: int) -> int:
-    """Word slots per column: ``min(rows, ceil(π·rows) + 1)``."""
+    """Word slots per column: ``min(rows, ceil(π·rows) + 1)``, or ``capacity`` of the rows."""
+    if self.capacity is not None:
+      return max(1, _select.capacity_count(self.capacity, rows))
     return min(rows, math.ceil(self.proportion * rows) + 1)
 
   def validate(self, shape, dtype):
@@ -135,14 +146,15 @@ class Adaptive(core.Compressor):
     tau_pos, tau_neg = self.thresholds(x2, key)
     above = jnp.logical_and(x2 >= tau_pos, x2 > 0)
     below = jnp.logical_and(x2 <= tau_neg, x2 < 0)
-    c = _select.compact(jnp.logical_or(above, below), self.slots(x2.shape[0]), sparse.MAX_INDEX)
-    sent_pos = jnp.logical_and(c.kept, x2 > 0)
-    sent_neg = jnp.logical_and(c.kept, x2 < 0)
+    s = _select.compact_rows(jnp.logical_or(above, below), self.slots(x2.shape[0]), sparse.MAX_INDEX)
+    values = s.values(x2)  # (slots, cols): the sent entries, 0 in empty slots
+    sent_pos = values > 0
+    sent_neg = values < 0
     means = jnp.stack([
-        _select.safe_mean(jnp.sum(jnp.where(sent_pos, x2, 0.0), axis=0), jnp.sum(sent_pos, axis=0)),
-        _select.safe_mean(jnp.sum(jnp.where(sent_neg, x2, 0.0), axis=0), jnp.sum(sent_neg, axis=0)),
+        _select.safe_mean(jnp.sum(jnp.where(sent_pos, values, 0.0), axis=0), jnp.sum(sent_pos, axis=0)),
+        _select.safe_mean(jnp.sum(jnp.where(sent_neg, values, 0.0), axis=0), jnp.sum(sent_neg, axis=0)),
     ]).astype(jnp.float32)
-    return AdaptivePayload(words=_select.sign_words(x2, c), means=means), {"overflow": c.overflow}
+    return AdaptivePayload(words=_select.slot_words(x2, s), means=means), {"overflow": s.overflow}
 
   def encode(self, x, key, agreed):
     return self.encode_with_metrics(x, key, agreed)[0]
@@ -151,6 +163,14 @@ class Adaptive(core.Compressor):
     rows, positive, _ = _select.read_words(payload.words)
     values = jnp.where(positive, payload.means[0], payload.means[1])
     return _select.scatter_columns(rows, values, _select.column_shape(shape)).reshape(shape)
+
+  def aggregate(self, gathered, shape):
+    rows, positive, _ = _select.read_words(gathered.words)  # (workers, slots, cols)
+    workers, slots, cols = rows.shape
+    values = jnp.where(positive, gathered.means[:, :1, :], gathered.means[:, 1:, :])
+    total = _select.scatter_columns(rows.reshape(workers * slots, cols), values.reshape(workers * slots, cols),
+                                    _select.column_shape(shape))
+    return (total / workers).reshape(shape)
 
   def encoded_bytes(self, payload, shape):
     _, _, used = _select.read_words(payload.words)
@@ -162,6 +182,7 @@ def adaptive(
     sample: Optional[int] = None,
     *,
     rng: rng.RngImpl = "hash",
+    capacity: Optional[_select.Capacity] = None,
     **kwargs: Any,
 ) -> optax.GradientTransformationExtraArgs:
   """Dryden et al.'s adaptive quantization (§3.3) as an optax transform.
@@ -176,6 +197,9 @@ def adaptive(
     sample: entries per column sampled to estimate the thresholds; ``None``
       selects over the whole column.
     rng: uniform generator for the sample, ``"hash"`` or ``"threefry"``.
+    capacity: word slots per column, a fraction of its rows or a count
+      (default ``ceil(π·rows) + 1``). Entries beyond it stay in the residual
+      and are counted in the metric ``overflow``.
     **kwargs: passed to :func:`jaxcomp.compress`: ``axis_name``, ``skip``,
       ``min_size``, ``seed``, ``nonfinite``, ``error_feedback`` (on by
       default).
@@ -183,4 +207,5 @@ def adaptive(
   Returns:
     An ``optax.GradientTransformationExtraArgs``.
   """
-  return transforms.compress(Adaptive(proportion=proportion, sample=sample, rng=rng), **kwargs)
+  return transforms.compress(Adaptive(proportion=proportion, sample=sample, rng=rng, capacity=capacity),
+                             **kwargs)

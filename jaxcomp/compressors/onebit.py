@@ -35,7 +35,9 @@ Decisions where the papers are brief (DESIGN.md rule 5; tested in
   residual: error feedback compensates, as the paper says. With
   ``k >= rows`` (or ``sample=None``, the default) the means are exact.
 * The aggregate decodes every worker's payload and averages (each worker has
-  its own reconstruction values, so codes cannot be summed before scaling).
+  its own reconstruction values, so codes cannot be summed before scaling);
+  up to 16 workers it adds the decoded payloads one after another in one
+  fused pass, without the ``(workers, ...)`` array of decoded tensors.
 * Seide et al. also run AdaGrad inside the exchange; that is an optimizer
   choice, left to the optax chain that follows.
 
@@ -113,6 +115,15 @@ class OneBit(core.Compressor):
     rows, cols = _select.column_shape(shape)
     b = bits.unpack_bits(payload.bits, rows * cols).reshape(rows, cols)
     return jnp.where(b, payload.means[0], payload.means[1]).reshape(shape)
+
+  def aggregate(self, gathered, shape):
+    workers = gathered.bits.shape[0]
+    if workers > 16:
+      return super().aggregate(gathered, shape)
+    total = self.decode(jax.tree.map(lambda a: a[0], gathered), shape)
+    for w in range(1, workers):
+      total = total + self.decode(jax.tree.map(lambda a, w=w: a[w], gathered), shape)
+    return total / workers
 
 
 def onebit(sample: Optional[int] = None, *, rng: rng.RngImpl = "hash", **kwargs: Any) -> optax.GradientTransformationExtraArgs:

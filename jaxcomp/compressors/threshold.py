@@ -92,8 +92,9 @@ class Threshold(core.Compressor):
   def encode_with_metrics(self, x, key, agreed):
     del key, agreed
     x2 = x.reshape(-1, 1)
-    c = _select.compact(jnp.abs(x2) > self.tau, _select.capacity_count(self.capacity, x2.shape[0]), sparse.MAX_INDEX)
-    return ThresholdPayload(words=_select.sign_words(x2, c)[:, 0]), {"overflow": c.overflow}
+    s = _select.compact_rows(jnp.abs(x2) > self.tau, _select.capacity_count(self.capacity, x2.shape[0]),
+                             sparse.MAX_INDEX)
+    return ThresholdPayload(words=_select.slot_words(x2, s)[:, 0]), {"overflow": s.overflow}
 
   def encode(self, x, key, agreed):
     return self.encode_with_metrics(x, key, agreed)[0]

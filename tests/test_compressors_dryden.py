@@ -1,0 +1,66 @@
+"""The fast paths of 1-bit SGD, threshold and adaptive quantization give the same messages.
+
+* ``_select.compact_rows`` (bit-packed counts + binary search) selects the
+  same slots as ``_select.compact`` (cumulative sum + scatter);
+* ``Adaptive.aggregate`` (one scatter of every worker's words) and
+  ``OneBit.aggregate`` (decoded payloads added one after another) equal the
+  mean of the workers' decodes;
+* adaptive's ``capacity`` sets its word slots per column.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxcomp.codecs import sparse
+from jaxcomp.compressors import _select
+from jaxcomp.compressors.adaptive import Adaptive
+from jaxcomp.compressors.onebit import OneBit
+from jaxcomp.compressors.threshold import Threshold
+
+
+@pytest.mark.parametrize("shape,p,cap", [
+    ((37, 5), 0.3, 4), ((100, 3), 0.9, 200), ((1, 1), 1.0, 1), ((64, 7), 0.0, 3),
+    ((1000, 1), 0.05, 10), ((33, 4), 0.5, 33), ((700, 2), 0.5, 600), ((5000, 1), 0.3, 2000),
+])
+def test_compact_rows_equals_compact(shape, p, cap):
+  mask = jnp.asarray(np.random.default_rng(sum(shape)).random(shape) < p)
+  a = _select.compact(mask, cap, sparse.MAX_INDEX)
+  b = _select.compact_rows(mask, cap, sparse.MAX_INDEX)
+  np.testing.assert_array_equal(a.rows, b.rows)
+  np.testing.assert_array_equal(a.count, b.count)
+  np.testing.assert_array_equal(b.used, np.arange(cap)[:, None] < np.asarray(a.count))
+  assert int(a.overflow) == int(b.overflow)
+
+
+def test_prefix_sum_rows_both_paths():
+  rng = np.random.default_rng(0)
+  for n in (1, 7, 512, 513, 3000):
+    c = rng.integers(0, 33, (n, 3)).astype(np.int32)
+    np.testing.assert_array_equal(_select.prefix_sum_rows(jnp.asarray(c)), np.cumsum(c, axis=0))
+
+
+@pytest.mark.parametrize("comp", [
+    Adaptive(1 / 16), Adaptive(1 / 16, sample=8, capacity=1 / 4), OneBit(), OneBit(sample=5),
+    Threshold(tau=0.5, capacity=0.25),
+])
+def test_aggregate_is_mean_of_decodes(comp):
+  n, shape = 4, (40, 6)
+  xs = jax.random.normal(jax.random.PRNGKey(0), (n,) + shape)
+  keys = jax.random.split(jax.random.PRNGKey(1), n)
+  payloads = jax.vmap(lambda x, k: comp.encode(x, k, None))(xs, keys)
+  decoded = jax.vmap(lambda p: comp.decode(p, shape))(payloads)
+  np.testing.assert_allclose(comp.aggregate(payloads, shape), decoded.mean(0), rtol=1e-6, atol=1e-7)
+
+
+def test_adaptive_capacity_sets_slots():
+  assert Adaptive(1 / 64).slots(4096) == 65
+  assert Adaptive(1 / 64, capacity=1 / 32).slots(4096) == 128
+  assert Adaptive(1 / 64, capacity=10).slots(4096) == 10
+  assert Adaptive(1 / 64, capacity=1 / 32).slots(3) == 1
+  x = jax.random.normal(jax.random.PRNGKey(2), (256, 3))
+  p = Adaptive(1 / 64, sample=16, capacity=1 / 32).encode(x, jax.random.PRNGKey(3), None)
+  assert p.words.shape == (8, 3)
+  with pytest.raises(ValueError):
+    Adaptive(capacity=0.0)
