@@ -31,7 +31,9 @@ FLAGS = flags.FLAGS
 # out_path, img_dir) -> list of markdown lines. The report lists them in order.
 # An optional RUNS_FROM maps an experiment id to the experiment whose runs it
 # reads, for results measured in another experiment's runs (3LC-T2 and 3LC-F6
-# are read from 3LC-T1's runs).
+# are read from 3LC-T1's runs). An optional RENDER_WITHOUT_RUNS lists experiment
+# ids whose renderer is called (with {}) even when they have no runs, e.g. to
+# say that a run needs data this machine lacks and which command would run it.
 RENDERER_MODULES = ("terngrad", "threelc", "qsgd", "dryden")
 
 
@@ -62,6 +64,14 @@ def run_sources() -> dict[str, str]:
   return out
 
 
+def render_without_runs() -> set[str]:
+  """Experiment ids rendered even without runs (modules' RENDER_WITHOUT_RUNS)."""
+  out: set[str] = set()
+  for module in _modules():
+    out |= set(getattr(module, "RENDER_WITHOUT_RUNS", ()))
+  return out
+
+
 def build(root: str, out_path: str) -> str:
   runs = load_runs(root)
   img_dir = os.path.join(os.path.dirname(os.path.abspath(out_path)), "results")
@@ -77,10 +87,11 @@ def build(root: str, out_path: str) -> str:
   ]
   table = renderers()
   source = run_sources()
+  always = render_without_runs()
   for exp_id, render in table.items():
-    if source.get(exp_id, exp_id) in runs:
-      lines += render(runs[source.get(exp_id, exp_id)], out_path, img_dir)
-  missing = [e for e in table if source.get(e, e) not in runs]
+    if source.get(exp_id, exp_id) in runs or exp_id in always:
+      lines += render(runs.get(source.get(exp_id, exp_id), {}), out_path, img_dir)
+  missing = [e for e in table if source.get(e, e) not in runs and e not in always]
   if missing:
     lines += ["## Not run yet", "", ", ".join(missing), ""]
   text = "\n".join(lines).rstrip() + "\n"

@@ -9,7 +9,10 @@ Usage::
 The config module defines the grid with ``get_sweep(arg) -> [(name, overrides), ...]``:
 every entry becomes one run of ``python -m experiments.train`` in its own
 process, with the config file and argument given here and ``--config.KEY=VALUE``
-for each override, in ``ROOT/<experiment>/<dataset>/<name>``. The command is
+for each override, in ``ROOT/<experiment>/<dataset>/<name>``. An entry may be
+``(name, overrides, entry_arg)`` to run with the config argument ``entry_arg``
+instead, for settings a flag cannot express (e.g. a ``None`` inside
+``compressor_kwargs``: TernGrad without clipping). The command is
 saved as ``command.txt`` beside the run's metrics, so any cell can be re-run by
 hand.
 
@@ -68,9 +71,10 @@ def plan(config_arg: str, root: str) -> list[dict[str, Any]]:
     raise ValueError(f"{path} defines no get_sweep(arg); it has no grid to run.")
   base = module.get_config(arg or None)
   runs = []
-  for name, overrides in module.get_sweep(arg or None):
+  for name, overrides, *entry_arg in module.get_sweep(arg or None):
     workdir = os.path.join(root, base.experiment, base.dataset, name)
-    cmd = [sys.executable, "-m", "experiments.train", "--config", config_arg, "--workdir", workdir]
+    run_arg = f"{path}:{entry_arg[0]}" if entry_arg and entry_arg[0] else config_arg
+    cmd = [sys.executable, "-m", "experiments.train", "--config", run_arg, "--workdir", workdir]
     cmd += [f"--config.{k}={format_value(v)}" for k, v in overrides.items()]
     state = ("done" if os.path.exists(os.path.join(workdir, "summary.json"))
              else "partial" if os.path.exists(os.path.join(workdir, "metrics.csv")) else "todo")
