@@ -261,21 +261,26 @@ def worker_specs(state: Any, axis: Union[str, tuple[str, ...]]) -> Any:
 
 def replicate_workers(state: Any, num_workers: int) -> Any:
   """Gives every worker-local leaf a leading axis of ``num_workers``."""
+  return _map_local(lambda a: jnp.broadcast_to(a, (num_workers,) + jnp.shape(a)), state)
 
-  def rep(x):
-    if _is_local(x):
-      return jax.tree.map(lambda a: jnp.broadcast_to(a, (num_workers,) + jnp.shape(a)), x)
-    return x
 
-  return jax.tree.map(rep, state, is_leaf=_is_local)
+def _map_local(fn, state: Any) -> Any:
+  def apply(x):
+    return jax.tree.map(fn, x) if _is_local(x) else x
+
+  return jax.tree.map(apply, state, is_leaf=_is_local)
 
 
 def worker_slice(state: Any, index: int) -> Any:
-  """The state as worker ``index`` sees it (worker-local leaves indexed)."""
+  """The state as worker ``index`` sees it (worker-local leaves indexed).
 
-  def pick(x):
-    if _is_local(x):
-      return jax.tree.map(lambda a: a[index], x)
-    return x
+  With one worker per device under ``shard_map`` (each device holds a worker
+  axis of size 1), ``worker_slice(state, 0)`` is that device's worker;
+  :func:`expand_workers` puts the axis back before returning.
+  """
+  return _map_local(lambda a: a[index], state)
 
-  return jax.tree.map(pick, state, is_leaf=_is_local)
+
+def expand_workers(state: Any) -> Any:
+  """Adds a leading worker axis of size 1 to every worker-local leaf."""
+  return _map_local(lambda a: a[None], state)

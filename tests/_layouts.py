@@ -40,15 +40,11 @@ def make_runners(make_tx, n_workers):
       tx = make_tx("d")
       mesh = _mesh(n_workers)
       specs = parallel.worker_specs(state, "d")
-      axes = parallel.worker_axes(state)
 
       def per_device(g, s):
         # One worker per device: drop the local worker axis of size 1 and put it back.
-        g = jax.tree.map(lambda a: a[0], g)
-        s = jax.tree.map(lambda a, ax: a if ax is None else a[0], s, axes)
-        upd, s2 = tx.update(g, s)
-        s2 = jax.tree.map(lambda a, ax: a if ax is None else a[None], s2, axes)
-        return upd, s2
+        upd, s2 = tx.update(jax.tree.map(lambda a: a[0], g), parallel.worker_slice(s, 0))
+        return upd, parallel.expand_workers(s2)
 
       f = jax.shard_map(per_device, mesh=mesh, in_specs=(P("d"), specs), out_specs=(P(), specs))
       return jax.jit(f)

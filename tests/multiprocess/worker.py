@@ -35,15 +35,11 @@ tx = jaxcomp.terngrad(axis_name="d")
 params = {"w": jnp.zeros((37, 11)), "b": jnp.zeros((11,))}
 state = parallel.replicate_workers(tx.init(params), nproc)
 specs = parallel.worker_specs(state, "d")
-axes = parallel.worker_axes(state)
 
 
 def per_device(g, s):
-  g = jax.tree.map(lambda a: a[0], g)
-  s = jax.tree.map(lambda a, ax: a if ax is None else a[0], s, axes)
-  upd, s2 = tx.update(g, s)
-  s2 = jax.tree.map(lambda a, ax: a if ax is None else a[None], s2, axes)
-  return upd, s2
+  upd, s2 = tx.update(jax.tree.map(lambda a: a[0], g), parallel.worker_slice(s, 0))
+  return upd, parallel.expand_workers(s2)
 
 
 step = jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=(P("d"), specs), out_specs=(P(), specs)))
