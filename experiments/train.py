@@ -444,6 +444,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
                  process_index=jax.process_index(), process_count=jax.process_count())
   image_shape = tuple(data_lib.output_image_shape(config.dataset, config.augment, config.image_size,
                                                   config.channels))
+  # The eval pipeline first: absent data (ImageNet here) fails at once, before the model is built.
+  eval_bs = min(config.eval_batch_size, spec.num_examples("test"))
+  eval_iter = data_lib.make_pipeline(config.dataset, "test", global_batch_size=eval_bs,
+                                     train=False, **pipe_kw)
 
   model = models_lib.get_model(config.model, num_classes, **config.model_kwargs.to_dict())
   init_key, step_root = jax.random.split(jax.random.PRNGKey(config.seed))
@@ -474,9 +478,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
 
   train_iter = data_lib.make_pipeline(config.dataset, "train", global_batch_size=config.batch_size,
                                       train=True, start_step=start_step, **pipe_kw)
-  eval_bs = min(config.eval_batch_size, spec.num_examples("test"))
-  eval_iter = data_lib.make_pipeline(config.dataset, "test", global_batch_size=eval_bs,
-                                     train=False, **pipe_kw)
   data_sharding = NamedSharding(mesh, P("devices"))
 
   train_step = make_train_step(config, model, tx, mesh, opt_state, num_classes, batch_stats)
