@@ -71,6 +71,25 @@ def set_grey_stand_in(c: ml_collections.ConfigDict, image_size: int) -> None:
   c.channels = 3
 
 
+def set_imagenet_stand_in(c: ml_collections.ConfigDict, dataset: str, image_size: int) -> None:
+  """``runlocal`` of an ImageNet config: a few steps on an offline STAND-IN dataset.
+
+  ImageNet is not available offline, so this only shows that the config runs
+  end to end (model, augmentation preset, compressor, skips, metrics): 2
+  workers x 4 images of ``dataset`` (real, 10 classes) resized to
+  ``image_size`` with 3 channels, 3 steps, one evaluation. Its accuracy says
+  nothing about the paper's result.
+  """
+  c.dataset = dataset
+  set_grey_stand_in(c, image_size)
+  c.workers = 2
+  c.batch_size = 8
+  c.num_train_steps = 3
+  c.eval_every = 0
+  c.log_every = 1
+  c.eval_batch_size = 500
+
+
 def is_grey_28(dataset: str) -> bool:
   """Whether ``dataset`` holds 28x28 single-channel images (MNIST-like)."""
   from jaxcomp import data  # pylint: disable=g-import-not-at-top
