@@ -71,6 +71,40 @@ def set_grey_stand_in(c: ml_collections.ConfigDict, image_size: int) -> None:
   c.channels = 3
 
 
+def imagenet_config(experiment: str, model: str, augment: str, dataset: str,
+                    dropout_rate: float) -> ml_collections.ConfigDict:
+  """What TernGrad's ImageNet experiments share (papers/terngrad.md §4.2).
+
+  "All DNNs are trained by momentum SGD [0.9] with Batch Normalization on
+  convolutional layers"; TernGrad as :func:`set_terngrad` with the last
+  classification layer in float; weight decay on the conv/fc weights only
+  (TF-slim's regularizers in the authors' code). The caller sets workers,
+  batch, LR schedule, steps and weight decay from its table.
+  """
+  c = base_config()
+  c.experiment = experiment
+  c.dataset = dataset
+  c.augment = augment
+  c.model = model
+  c.model_kwargs = ml_collections.ConfigDict({"dropout_rate": dropout_rate})
+  c.optimizer = "momentum"
+  c.momentum = 0.9
+  c.weight_decay_pattern = "kernel$"
+  set_terngrad(c)
+  c.skip_last_layer = True  # §4.2: no ternarizing in the last classification layer
+  c.log_every = 100
+  c.eval_batch_size = 500
+  return c
+
+
+def workers_arg(args: dict[str, str], allowed: tuple[int, ...], table: str) -> int:
+  """The ``workers=N`` config argument (default: the first of ``allowed``)."""
+  n = int(args.get("workers", allowed[0]))
+  if n not in allowed:
+    raise ValueError(f"workers={n}: {table} has N in {allowed}.")
+  return n
+
+
 def set_imagenet_stand_in(c: ml_collections.ConfigDict, dataset: str, image_size: int) -> None:
   """``runlocal`` of an ImageNet config: a few steps on an offline STAND-IN dataset.
 

@@ -116,38 +116,25 @@ def decay_steps(n: int) -> int:
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   args = common.parse_arg(arg, ARGS)
-  n = int(args.get("workers", 2))
-  if n not in WORKERS:
-    raise ValueError(f"workers={n}: Table 2 has N in {WORKERS}.")
+  n = common.workers_arg(args, WORKERS, "Table 2")
   variant = "none" if "floating" in args else "terngrad_noclip" if "noclip" in args else "terngrad"
-  c = common.base_config()
-  c.experiment = "TG-T2"
-  c.dataset = args.get("dataset", "imagenet2012")
-  c.augment = "imagenet_simple"
-  c.model = "alexnet"
-  c.model_kwargs = ml_collections.ConfigDict({"dropout_rate": DROPOUT[variant]})
+  c = common.imagenet_config("TG-T2", "alexnet", "imagenet_simple", args.get("dataset", "imagenet2012"),
+                             DROPOUT[variant])
   c.workers = n
   c.batch_size = PER_WORKER_BATCH * n
   c.num_train_steps = ITERATIONS[n]
-  c.optimizer = "momentum"
-  c.momentum = 0.9
   c.learning_rate = BASE_LR[n]
   c.lr_schedule = "staircase"
   c.lr_decay_rate = 0.1
   c.lr_decay_steps = decay_steps(n)
   c.weight_decay = 5e-4
-  c.weight_decay_pattern = "kernel$"
-  common.set_terngrad(c)
   if variant == "none":
     c.compressor = "none"
   if variant == "terngrad_noclip":
     c.compressor_kwargs.clip_sigma = None
   c.compressor_kwargs.tensor_metrics = "^fc6/kernel$"  # Fig. 4(c)
-  c.skip_last_layer = True  # §4.2: no ternarizing in the last classification layer
   c.min_size = 9217  # the authors' SIZE_TO_BINARIZE: biases and BN stay in float
   c.eval_every = 5_000
-  c.log_every = 100
-  c.eval_batch_size = 500
   if "runlocal" in args:
     common.set_imagenet_stand_in(c, args.get("dataset", common.offline_dataset()), STAND_IN_SIZE)
   return c

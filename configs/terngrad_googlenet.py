@@ -81,33 +81,20 @@ def get_sweep(arg: str | None = None) -> list[tuple[str, dict]]:
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   args = common.parse_arg(arg, ARGS)
-  n = int(args.get("workers", 2))
-  if n not in WORKERS:
-    raise ValueError(f"workers={n}: Table 3 has N in {WORKERS}.")
+  n = common.workers_arg(args, WORKERS, "Table 3")
   comp = "none" if "floating" in args else "terngrad"
-  c = common.base_config()
-  c.experiment = "TG-T3"
-  c.dataset = args.get("dataset", "imagenet2012")
-  c.augment = "imagenet"
-  c.model = "googlenet"
-  c.model_kwargs = ml_collections.ConfigDict({"dropout_rate": DROPOUT[comp]})
+  c = common.imagenet_config("TG-T3", "googlenet", "imagenet", args.get("dataset", "imagenet2012"),
+                             DROPOUT[comp])
   c.workers = n
   c.batch_size = TOTAL_BATCH[n]
   c.num_train_steps = ITERATIONS[n]
-  c.optimizer = "momentum"
-  c.momentum = 0.9
   c.learning_rate = BASE_LR[n]
   c.lr_schedule = "polynomial"
   c.lr_power = 0.5
   c.weight_decay = WEIGHT_DECAY[comp][n]
-  c.weight_decay_pattern = "kernel$"
-  common.set_terngrad(c)
   c.compressor = comp
-  c.skip_last_layer = True
   c.skip_batch_norm = False  # the authors ternarize batch-norm parameters too
   c.eval_every = 10_000
-  c.log_every = 100
-  c.eval_batch_size = 500
   if "runlocal" in args:
     common.set_imagenet_stand_in(c, args.get("dataset", common.offline_dataset()), STAND_IN_SIZE)
   return c
