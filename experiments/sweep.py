@@ -37,15 +37,20 @@ from absl import app
 from absl import flags
 from absl import logging
 
-flags.DEFINE_string("config", None, "Experiment config file, optionally with ':ARG'.")
-flags.DEFINE_string("root", "runs", "Root directory of all runs.")
-flags.DEFINE_multi_string("only", [], "Run only entries whose overrides match KEY=VALUE (repeatable).")
-flags.DEFINE_multi_string("set", [], "Extra --config.KEY=VALUE for every run (e.g. num_train_steps=100).")
-flags.DEFINE_integer("checkpoint_every", 1000, "Checkpoint period of sweep runs (0: none).")
-flags.DEFINE_integer("max_runs", 0, "Stop after starting this many runs (0: all).")
-flags.DEFINE_bool("dry_run", False, "Print the runs and their state; run nothing.")
-flags.mark_flag_as_required("config")
 FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  """The command-line flags; defined when run as a script, so :func:`plan` imports cleanly
+  beside other modules with flags (``experiments.report`` also has ``--root``)."""
+  flags.DEFINE_string("config", None, "Experiment config file, optionally with ':ARG'.")
+  flags.DEFINE_string("root", "runs", "Root directory of all runs.")
+  flags.DEFINE_multi_string("only", [], "Run only entries whose overrides match KEY=VALUE (repeatable).")
+  flags.DEFINE_multi_string("set", [], "Extra --config.KEY=VALUE for every run (e.g. num_train_steps=100).")
+  flags.DEFINE_integer("checkpoint_every", 1000, "Checkpoint period of sweep runs (0: none).")
+  flags.DEFINE_integer("max_runs", 0, "Stop after starting this many runs (0: all).")
+  flags.DEFINE_bool("dry_run", False, "Print the runs and their state; run nothing.")
+  flags.mark_flag_as_required("config")
 
 
 def load_config_module(path: str):
@@ -129,5 +134,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   logging.set_verbosity(logging.WARNING)
   app.run(main)

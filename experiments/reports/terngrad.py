@@ -212,7 +212,8 @@ def _not_run_lines(config_path: str, extra: str = "") -> list[str]:
   return [IMAGENET_NOTE + " The config runs where a prepared tfds `imagenet2012` exists (in "
           "`$TFDS_DATA_DIR`); here its default run stops at once with the data module's message, "
           "and its `runlocal` smoke run (3 steps on a labelled stand-in, Fashion-MNIST resized to "
-          "64×64×3) shows that everything else runs (`tests/test_configs_terngrad.py`)." + extra, "",
+          "64×64×3 or 32×32×3) shows that everything else runs (`tests/test_configs_terngrad.py`)."
+          + extra, "",
           "```bash", f"python -m experiments.sweep --config {config_path} --root runs",
           "python -m experiments.report", "```", ""]
 
