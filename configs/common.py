@@ -52,6 +52,10 @@ def set_terngrad(c: ml_collections.ConfigDict) -> None:
   experiments"), scalar sharing, and an exponential moving average of the
   parameters (decay 0.9999) that is evaluated ("The accuracy is evaluated by
   the final averaged parameters", §4).
+
+  Where the authors' TensorFlow code differs: its scalar of a clipped tensor is
+  c·σ itself, jaxcomp follows the paper's Eq. 2, s = max|clipped g|; the two
+  differ only when max|g| < c·σ (``jaxcomp/compressors/terngrad.py``).
   """
   c.compressor = "terngrad"
   c.compressor_kwargs = ml_collections.ConfigDict({"clip_sigma": 2.5})
