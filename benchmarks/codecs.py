@@ -171,7 +171,7 @@ def _bench_host(n: int, repeats: int, seed: int) -> dict[str, Any]:
   te = statistics.median(_time_host(lambda: codecs.qsgd_encode(norm, q)) for _ in range(repeats))
   td = statistics.median(_time_host(lambda: codecs.qsgd_decode(msg.data, msg.num_bits, n))
                          for _ in range(repeats))
-  out[f"qsgd_elias[s=sqrt(n)]"] = {"encode_ms": 1e3 * te, "decode_ms": 1e3 * td,
+  out["qsgd_elias[s=sqrt(n)]"] = {"encode_ms": 1e3 * te, "decode_ms": 1e3 * td,
                                   "mvalues_per_s": n / (te + td) / 1e6,
                                   "bits_per_value": msg.num_bits / n}
   rice = codecs.sparse_rice_encode(idx, signs)

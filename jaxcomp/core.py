@@ -26,7 +26,6 @@ import math
 from typing import Any, ClassVar, NamedTuple, Optional, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 Shape = tuple[int, ...]

@@ -45,7 +45,6 @@ import glob
 import os
 
 import jax
-import jax.numpy as jnp
 import matplotlib.pyplot as plt
 import numpy as np
 import optax

@@ -7,7 +7,6 @@ check that by declaring them unmapped) and the worker-local state batched.
 """
 
 import jax
-import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 import jaxcomp

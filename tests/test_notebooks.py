@@ -1,6 +1,5 @@
 """The Colab notebooks run end to end (at tiny scale) and match their paired .py files."""
 
-import os
 import pathlib
 
 import jupytext

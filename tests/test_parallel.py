@@ -1,6 +1,5 @@
 """The exchange gives the same numbers under vmap, pmap, shard_map and shard_map+vmap."""
 
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -84,7 +83,6 @@ def test_workers_draw_independently():
   tx = jaxcomp.terngrad(axis_name="w", clip_sigma=None)
   x = jnp.linspace(-1, 1, 4000)
   state = tx.init(x)
-  axes = parallel.worker_axes(state)
 
   def own(g, s):
     comp = jaxcomp.TernGrad(clip_sigma=None)
