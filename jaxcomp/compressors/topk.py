@@ -137,13 +137,18 @@ class TopK(core.Compressor):
     del agreed
     flat = x.reshape(-1)
     mask = jnp.logical_and(jnp.abs(flat) >= self.threshold(flat, key), flat != 0)
-    c = _select.compact(mask[:, None], self.slots(flat.shape[0]))
-    values = _select.gather_slots(flat[:, None], c)[:, 0].astype(jnp.float32)
+    # compact_rows: the same first-in-index-order selection as _select.compact,
+    # without a cumulative sum or a scatter over all n entries.
+    s = _select.compact_rows(mask[:, None], self.slots(flat.shape[0]))
+    values = s.values(flat[:, None])[:, 0].astype(jnp.float32)
     if self.wire == "bitmap":
-      payload = BitmapPayload(bitmap=bits.pack_bits(c.kept[:, 0]), values=values)
+      # The sent entries are the selected ones up to the last filled slot's index.
+      last = jnp.max(jnp.where(s.used[:, 0], s.rows[:, 0], -1))
+      sent = jnp.logical_and(mask, jnp.arange(flat.shape[0], dtype=jnp.int32) <= last)
+      payload = BitmapPayload(bitmap=bits.pack_bits(sent), values=values)
     else:
-      payload = IndexPayload(indices=c.rows[:, 0].astype(jnp.uint32), values=values)
-    return payload, {"overflow": c.overflow}
+      payload = IndexPayload(indices=s.rows[:, 0].astype(jnp.uint32), values=values)
+    return payload, {"overflow": s.overflow}
 
   def encode(self, x, key, agreed):
     return self.encode_with_metrics(x, key, agreed)[0]
@@ -151,11 +156,12 @@ class TopK(core.Compressor):
   def decode(self, payload, shape):
     n = core.size_of(shape)
     if self.wire == "bitmap":
+      # The k-th set bit of the bitmap holds values[k]: find the set bits'
+      # indices (no cumulative sum over n) and scatter the K values there.
       sent = bits.unpack_bits(payload.bitmap, n)
-      rank = jnp.cumsum(sent, dtype=jnp.int32) - 1
-      cap = payload.values.shape[0]
-      out = jnp.where(sent, payload.values[jnp.clip(rank, 0, cap - 1)], 0.0)
-      return out.reshape(shape)
+      s = _select.compact_rows(sent[:, None], payload.values.shape[0])
+      vals = jnp.where(s.used[:, 0], payload.values, 0.0)
+      return jnp.zeros((n,), jnp.float32).at[s.rows[:, 0]].add(vals).reshape(shape)
     idx = payload.indices.astype(jnp.int32)
     return jnp.zeros((n,), jnp.float32).at[idx].add(payload.values).reshape(shape)
 
