@@ -404,7 +404,7 @@ def test_adaptive_proportion_and_means_per_column():
   R, C, pi = 256, 5, 1 / 64
   x = jax.random.normal(KEY, (R, C)) * jnp.arange(1, C + 1) + jnp.array([0.0, 0.5, -0.5, 0.0, 0.0])
   x = x.at[:, 4].set(jnp.abs(x[:, 4]))  # a column with no negative entry
-  comp = Adaptive(proportion=pi)
+  comp = Adaptive(proportion=pi, sample=None)
   p, m, out = _code(comp, x)
   assert comp.slots(R) == 5 and p.words.shape == (5, C) and p.means.shape == (2, C)
   assert int(m["overflow"]) == 0  # exact selection never overflows

@@ -55,7 +55,9 @@ def test_aggregate_is_mean_of_decodes(comp):
 
 
 def test_adaptive_capacity_sets_slots():
-  assert Adaptive(1 / 64).slots(4096) == 65
+  assert Adaptive(1 / 64, sample=None).slots(4096) == 65  # exact: ceil(pi * rows) + 1
+  assert Adaptive(1 / 64).slots(4096) == 129  # sampled (default 128): ceil(2 pi * rows) + 1
+  assert Adaptive(1 / 64).slots(100) == 3  # a sample of 128 >= rows: exact
   assert Adaptive(1 / 64, capacity=1 / 32).slots(4096) == 128
   assert Adaptive(1 / 64, capacity=10).slots(4096) == 10
   assert Adaptive(1 / 64, capacity=1 / 32).slots(3) == 1
