@@ -1,6 +1,5 @@
 """jaxcomp.codecs.base243: 3LC §3.2 base-3^5 encoding, byte for byte."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -9,14 +8,9 @@ from hypothesis import strategies as st
 
 from jaxcomp.codecs import base243
 
+from _codec_helpers import jit_vmap_round_trip, ternary
+
 LENGTHS = [0, 1, 2, 4, 5, 6, 7, 9, 10, 11, 14, 15, 16, 24, 25, 26, 99, 1001]
-
-
-def _ternary(seed: int, n: int, p_zero: float, dtype=np.int8) -> np.ndarray:
-  rs = np.random.RandomState(seed)
-  t = rs.choice([-1, 1], size=n)
-  t[rs.random_sample(n) < p_zero] = 0
-  return t.astype(dtype)
 
 
 def _reference(t: np.ndarray) -> np.ndarray:
@@ -46,7 +40,7 @@ def test_hand_written_bytes():
 @settings(max_examples=50, deadline=None)
 @given(n=st.sampled_from(LENGTHS), p_zero=st.floats(0.0, 1.0), seed=st.integers(0, 2**31 - 1))
 def test_matches_paper_and_round_trips(n, p_zero, seed):
-  t = _ternary(seed, n, p_zero)
+  t = ternary(seed, n, p_zero)
   b = base243.base243_encode(t)
   assert b.dtype == jnp.uint8 and b.shape == (base243.base243_size(n),) == (-(-n // 5),)
   np.testing.assert_array_equal(np.asarray(b), _reference(t))
@@ -59,21 +53,15 @@ def test_matches_paper_and_round_trips(n, p_zero, seed):
 
 @pytest.mark.parametrize("dtype", [np.int8, np.int32, np.int64])
 def test_any_integer_dtype_and_shape(dtype):
-  t = _ternary(7, 3 * 11, 0.6, dtype).reshape(3, 11)
+  t = ternary(7, 3 * 11, 0.6, dtype).reshape(3, 11)
   b = base243.base243_encode(t)
   np.testing.assert_array_equal(np.asarray(b), _reference(t.astype(np.int8)))
   np.testing.assert_array_equal(np.asarray(base243.base243_decode(b, 33)), t.reshape(-1))
 
 
 def test_jit_and_vmap():
-  t = jnp.asarray(_ternary(2, 3 * 23, 0.8).reshape(3, 23))
-
-  @jax.jit
-  def round_trip(x):
-    b = jax.vmap(base243.base243_encode)(x)
-    return b, jax.vmap(lambda c: base243.base243_decode(c, 23))(b)
-
-  b, back = round_trip(t)
+  t = jnp.asarray(ternary(2, 3 * 23, 0.8).reshape(3, 23))
+  b, back = jit_vmap_round_trip(base243.base243_encode, base243.base243_decode, t)
   assert b.shape == (3, 5)
   np.testing.assert_array_equal(np.asarray(back), np.asarray(t))
 

@@ -1,6 +1,5 @@
 """jaxcomp.codecs.twobit: TernGrad's 2-bit wire, byte for byte and round trips."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -9,15 +8,10 @@ from hypothesis import strategies as st
 
 from jaxcomp.codecs import twobit
 
+from _codec_helpers import jit_vmap_round_trip, ternary
+
 # A fixed menu of lengths keeps the number of jit compilations small.
 LENGTHS = [0, 1, 2, 3, 4, 5, 6, 7, 8, 13, 14, 15, 16, 17, 63, 64, 65, 1001]
-
-
-def _ternary(seed: int, n: int, p_zero: float, dtype=np.int8) -> np.ndarray:
-  rs = np.random.RandomState(seed)
-  t = rs.choice([-1, 1], size=n)
-  t[rs.random_sample(n) < p_zero] = 0
-  return t.astype(dtype)
 
 
 def _reference_pack(t: np.ndarray) -> np.ndarray:
@@ -46,7 +40,7 @@ def test_hand_written_bytes():
 @settings(max_examples=50, deadline=None)
 @given(n=st.sampled_from(LENGTHS), p_zero=st.floats(0.0, 1.0), seed=st.integers(0, 2**31 - 1))
 def test_matches_reference_and_round_trips(n, p_zero, seed):
-  t = _ternary(seed, n, p_zero)
+  t = ternary(seed, n, p_zero)
   b = twobit.pack_2bit(t)
   assert b.shape == (twobit.packed_2bit_size(n),) == (-(-n // 4),)
   np.testing.assert_array_equal(np.asarray(b), _reference_pack(t))
@@ -58,21 +52,15 @@ def test_matches_reference_and_round_trips(n, p_zero, seed):
 
 @pytest.mark.parametrize("dtype", [np.int8, np.int16, np.int32, np.int64])
 def test_any_integer_dtype_and_shape(dtype):
-  t = _ternary(3, 2 * 3 * 7, 0.5, dtype).reshape(2, 3, 7)
+  t = ternary(3, 2 * 3 * 7, 0.5, dtype).reshape(2, 3, 7)
   b = twobit.pack_2bit(t)
   np.testing.assert_array_equal(np.asarray(b), _reference_pack(t.reshape(-1).astype(np.int8)))
   np.testing.assert_array_equal(np.asarray(twobit.unpack_2bit(b, t.size)), t.reshape(-1))
 
 
 def test_jit_and_vmap():
-  t = jnp.asarray(_ternary(1, 4 * 37, 0.3).reshape(4, 37))
-
-  @jax.jit
-  def round_trip(x):
-    packed = jax.vmap(twobit.pack_2bit)(x)
-    return packed, jax.vmap(lambda p: twobit.unpack_2bit(p, 37))(packed)
-
-  packed, back = round_trip(t)
+  t = jnp.asarray(ternary(1, 4 * 37, 0.3).reshape(4, 37))
+  packed, back = jit_vmap_round_trip(twobit.pack_2bit, twobit.unpack_2bit, t)
   assert packed.shape == (4, 10)
   np.testing.assert_array_equal(np.asarray(back), np.asarray(t))
 

@@ -98,6 +98,23 @@ def ceil_div(a: int, b: int) -> int:
   return -(-a // b)
 
 
+def check_byte_count(nbytes: int, n: int, per_byte: int, name: str) -> int:
+  """Checks that a stream of ``n`` values, ``per_byte`` to a byte, has ``nbytes`` bytes.
+
+  Returns:
+    The expected byte count, ``ceil(n / per_byte)``.
+
+  Raises:
+    ValueError: if ``nbytes`` differs (a truncated stream or a wrong ``n``).
+  """
+  expected = ceil_div(n, per_byte)
+  if nbytes != expected:
+    raise ValueError(
+        f"{name}: {n} values need {expected} bytes, got "
+        f"{nbytes} (truncated or wrong n)")
+  return expected
+
+
 def host_bytes(b: Any, name: str) -> np.ndarray:
   """A concrete 1-D uint8 NumPy array, or a clear error."""
   a = np.asarray(b)

@@ -36,7 +36,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxcomp.codecs._common import (as_flat_int, as_flat_uint8, ceil_div,
-                                    check_length, check_ternary, host_bytes)
+                                    check_byte_count, check_length,
+                                    check_ternary, host_bytes)
 
 __all__ = [
     "ZERO_GROUP_BYTE",
@@ -125,10 +126,7 @@ def base243_decode(b: Any, n: int) -> jax.Array:
   """
   n = check_length(n)
   b = as_flat_uint8(b, "base243_decode")
-  if b.shape[0] != ceil_div(n, 5):
-    raise ValueError(
-        f"base243_decode: {n} values need {ceil_div(n, 5)} bytes, got "
-        f"{b.shape[0]} (truncated or wrong n)")
+  check_byte_count(b.shape[0], n, 5, "base243_decode")
   return _decode(b, n)
 
 
@@ -150,11 +148,7 @@ def base243_decode_checked(b: Any, n: int) -> jax.Array:
   """
   n = check_length(n)
   a = host_bytes(b, "base243_decode_checked")
-  length = ceil_div(n, 5)
-  if a.shape[0] != length:
-    raise ValueError(
-        f"base243_decode_checked: {n} values need {length} bytes, got "
-        f"{a.shape[0]} (truncated or wrong n)")
+  length = check_byte_count(a.shape[0], n, 5, "base243_decode_checked")
   bad = np.flatnonzero(a >= 243)
   if bad.size:
     i = int(bad[0])

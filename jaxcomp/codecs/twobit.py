@@ -33,7 +33,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxcomp.codecs._common import (as_flat_int, as_flat_uint8, ceil_div,
-                                    check_length, check_ternary, host_bytes)
+                                    check_byte_count, check_length,
+                                    check_ternary, host_bytes)
 
 __all__ = [
     "pack_2bit",
@@ -109,10 +110,7 @@ def unpack_2bit(b: Any, n: int) -> jax.Array:
   """
   n = check_length(n)
   b = as_flat_uint8(b, "unpack_2bit")
-  if b.shape[0] != ceil_div(n, 4):
-    raise ValueError(
-        f"unpack_2bit: {n} values need {ceil_div(n, 4)} bytes, got "
-        f"{b.shape[0]} (truncated or wrong n)")
+  check_byte_count(b.shape[0], n, 4, "unpack_2bit")
   return _unpack(b, n)
 
 
@@ -134,10 +132,7 @@ def unpack_2bit_checked(b: Any, n: int) -> jax.Array:
   """
   n = check_length(n)
   a = host_bytes(b, "unpack_2bit_checked")
-  if a.shape[0] != ceil_div(n, 4):
-    raise ValueError(
-        f"unpack_2bit_checked: {n} values need {ceil_div(n, 4)} bytes, got "
-        f"{a.shape[0]} (truncated or wrong n)")
+  check_byte_count(a.shape[0], n, 4, "unpack_2bit_checked")
   codes = ((a[None, :] >> np.array([0, 2, 4, 6], np.uint8)[:, None]) & 3).reshape(-1)
   bad = np.flatnonzero(codes[:n] == 3)
   if bad.size:
