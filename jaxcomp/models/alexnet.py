@@ -49,7 +49,16 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jaxcomp.models.layers import Dtype, Initializer, he_normal, lecun_normal, local_response_norm
+from jaxcomp.models.layers import (
+    Dtype,
+    Initializer,
+    bn_settings,
+    conv_bn,
+    he_normal,
+    lecun_normal,
+    local_response_norm,
+    logits_layer,
+)
 
 
 class AlexNet(nn.Module):
@@ -103,29 +112,20 @@ class AlexNet(nn.Module):
     """conv{index} (+ bn{index}) + ReLU (+ LRN in conv1/conv2 of the BN-free network)."""
     # Children named conv{i}/bn{i} directly on AlexNet (not nested) so paths read like
     # ('params', 'conv3', 'kernel') and ('params', 'bn3', 'scale').
-    x = nn.Conv(
+    x = conv_bn(
+        x,
         features,
         (kernel, kernel),
+        train=train,
         strides=(stride, stride),
         padding=[(pad, pad), (pad, pad)],
-        feature_group_count=groups if self.grouped else 1,
-        use_bias=not self.use_bn,
+        groups=groups if self.grouped else 1,
+        use_bn=self.use_bn,
         kernel_init=self.conv_init,
-        dtype=self.dtype,
-        param_dtype=self.param_dtype,
-        name=f"conv{index}",
-    )(x)
-    if self.use_bn:
-      x = nn.BatchNorm(
-          use_running_average=not train,
-          momentum=self.bn_momentum,
-          epsilon=self.bn_epsilon,
-          axis_name=self.bn_axis_name,
-          dtype=self.dtype,
-          param_dtype=self.param_dtype,
-          name=f"bn{index}",
-      )(x)
-    x = nn.relu(x)
+        conv_name=f"conv{index}",
+        bn_name=f"bn{index}",
+        **bn_settings(self),
+    )
     if not self.use_bn and index in (1, 2):
       x = local_response_norm(x, depth_radius=2, bias=1.0, alpha=1e-4 / 5, beta=0.75)
     return x
@@ -150,5 +150,4 @@ class AlexNet(nn.Module):
     for name in ("fc6", "fc7"):
       x = nn.relu(nn.Dense(4096, kernel_init=self.fc_init, name=name, **dt)(x))
       x = nn.Dropout(self.dropout_rate, deterministic=not train, name=f"dropout{name[2:]}")(x)
-    x = nn.Dense(self.num_classes, kernel_init=self.logits_init, name="logits", **dt)(x)
-    return x.astype(jnp.float32)
+    return logits_layer(x, self.num_classes, self.logits_init, **dt)

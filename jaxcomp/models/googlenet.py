@@ -62,9 +62,11 @@ from jaxcomp.models.layers import (
     ConvBN,
     Dtype,
     Initializer,
+    bn_settings,
     he_normal,
     lecun_normal,
     local_response_norm,
+    logits_layer,
 )
 
 
@@ -125,12 +127,8 @@ class Inception(nn.Module):
           (k, k),
           use_bn=self.use_bn,
           kernel_init=self.conv_init,
-          bn_momentum=self.bn_momentum,
-          bn_epsilon=self.bn_epsilon,
-          bn_axis_name=self.bn_axis_name,
-          dtype=self.dtype,
-          param_dtype=self.param_dtype,
           name=name,
+          **bn_settings(self),
       )
 
     s, k3 = self.spec, self.branch3_kernel
@@ -194,14 +192,7 @@ class GoogLeNet(nn.Module):
       train: batch statistics + dropout (needs ``mutable=['batch_stats']`` and a
         ``'dropout'`` rng) when ``True``; running averages, no dropout when ``False``.
     """
-    shared = dict(
-        use_bn=self.use_bn,
-        bn_momentum=self.bn_momentum,
-        bn_epsilon=self.bn_epsilon,
-        bn_axis_name=self.bn_axis_name,
-        dtype=self.dtype,
-        param_dtype=self.param_dtype,
-    )
+    shared = dict(use_bn=self.use_bn, **bn_settings(self))
     conv_kw = dict(kernel_init=self.conv_init, **shared)  # for ConvBN
     inception_kw = dict(conv_init=self.conv_init, **shared)  # for Inception
     lrn = lambda y: local_response_norm(y, depth_radius=2, bias=1.0, alpha=1e-4 / 5, beta=0.75)
@@ -223,11 +214,4 @@ class GoogLeNet(nn.Module):
       x = Inception(spec, self.branch3_kernel, name=name, **inception_kw)(x, train)
     x = jnp.mean(x, axis=(1, 2))
     x = nn.Dropout(self.dropout_rate, deterministic=not train, name="dropout")(x)
-    x = nn.Dense(
-        self.num_classes,
-        kernel_init=self.logits_init,
-        dtype=self.dtype,
-        param_dtype=self.param_dtype,
-        name="logits",
-    )(x)
-    return x.astype(jnp.float32)
+    return logits_layer(x, self.num_classes, self.logits_init, self.dtype, self.param_dtype)

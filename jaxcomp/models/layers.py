@@ -6,8 +6,12 @@ Contents:
   in a module attribute (``kernel_init``) and a config can override it.
 * :func:`local_response_norm`: cross-channel local response normalisation with the semantics of
   ``tf.nn.lrn`` (used by CifarNet, and by AlexNet / GoogLeNet when batch norm is switched off).
-* :class:`ConvBN`: convolution followed by optional batch norm and ReLU, with the naming convention
-  of the package (``conv`` and ``bn`` children) so that parameter paths identify the layer.
+* :func:`conv_bn`: convolution followed by optional batch norm and ReLU, created as children of the
+  calling module under names the caller picks (AlexNet's ``conv3``/``bn3``, ResNet's ``bn1``).
+* :class:`ConvBN`: the same as a module of its own, with the naming convention of the package
+  (``conv`` and ``bn`` children) so that parameter paths identify the layer.
+* :func:`bn_settings`: the batch-norm and dtype attributes a model passes on to its layers.
+* :func:`logits_layer`: the classification layer ``logits`` with float32 output.
 """
 
 from __future__ import annotations
@@ -99,15 +103,121 @@ def caffe_padding(kernel_size: Sequence[int]) -> list[tuple[int, int]]:
   return [(k // 2, k // 2) for k in kernel_size]
 
 
+def bn_settings(module: nn.Module) -> dict[str, Any]:
+  """A module's batch-norm and dtype attributes, as keywords for :func:`conv_bn` and the models.
+
+  Every model with batch norm (and each of its blocks) has the attributes ``bn_momentum``,
+  ``bn_epsilon``, ``bn_axis_name``, ``dtype`` and ``param_dtype``; this passes them on unchanged.
+
+  Args:
+    module: a module with those five attributes.
+
+  Returns:
+    ``{'bn_momentum': ..., 'bn_epsilon': ..., 'bn_axis_name': ..., 'dtype': ...,
+    'param_dtype': ...}``.
+  """
+  return dict(
+      bn_momentum=module.bn_momentum,
+      bn_epsilon=module.bn_epsilon,
+      bn_axis_name=module.bn_axis_name,
+      dtype=module.dtype,
+      param_dtype=module.param_dtype,
+  )
+
+
+def conv_bn(
+    x: jax.Array,
+    features: int,
+    kernel_size: Sequence[int],
+    *,
+    train: bool,
+    strides: Sequence[int] = (1, 1),
+    padding: Any = None,
+    groups: int = 1,
+    use_bn: bool = True,
+    relu: bool = True,
+    kernel_init: Initializer = he_normal,
+    bn_momentum: float = 0.9,
+    bn_epsilon: float = 1e-5,
+    bn_axis_name: str | None = None,
+    dtype: Dtype = jnp.float32,
+    param_dtype: Dtype = jnp.float32,
+    conv_name: str = "conv",
+    bn_name: str = "bn",
+) -> jax.Array:
+  """Convolution, then batch norm (optional), then ReLU (optional), in the calling module.
+
+  Call it from a compact method: the ``nn.Conv`` and ``nn.BatchNorm`` become children of the
+  calling module, named ``conv_name`` and ``bn_name`` (no module level of their own). With batch
+  norm the convolution has no bias (BN's shift makes it redundant, Ioffe & Szegedy 2015, §3.2);
+  without, it has one.
+
+  Args:
+    x: NHWC input.
+    features: output channels.
+    kernel_size: spatial kernel size.
+    train: batch statistics (``True``) or running averages (``False``) in batch norm.
+    strides, padding, groups, use_bn, relu, kernel_init, bn_momentum, bn_epsilon, bn_axis_name,
+      dtype, param_dtype: as the attributes of :class:`ConvBN` of the same names.
+    conv_name: name of the convolution child.
+    bn_name: name of the batch-norm child.
+
+  Returns:
+    The output activations.
+  """
+  kernel_size = tuple(kernel_size)
+  x = nn.Conv(
+      features,
+      kernel_size,
+      strides=tuple(strides),
+      padding=caffe_padding(kernel_size) if padding is None else padding,
+      feature_group_count=groups,
+      use_bias=not use_bn,
+      kernel_init=kernel_init,
+      dtype=dtype,
+      param_dtype=param_dtype,
+      name=conv_name,
+  )(x)
+  if use_bn:
+    x = nn.BatchNorm(
+        use_running_average=not train,
+        momentum=bn_momentum,
+        epsilon=bn_epsilon,
+        axis_name=bn_axis_name,
+        dtype=dtype,
+        param_dtype=param_dtype,
+        name=bn_name,
+    )(x)
+  if relu:
+    x = nn.relu(x)
+  return x
+
+
+def logits_layer(
+    x: jax.Array,
+    num_classes: int,
+    kernel_init: Initializer = lecun_normal,
+    dtype: Dtype = jnp.float32,
+    param_dtype: Dtype = jnp.float32,
+) -> jax.Array:
+  """The classification layer, a dense child ``logits`` of the calling module; float32 output.
+
+  Call it from a compact method. The name ``logits`` is what
+  :func:`jaxcomp.models.is_last_layer` looks for.
+  """
+  x = nn.Dense(
+      num_classes, kernel_init=kernel_init, dtype=dtype, param_dtype=param_dtype, name="logits"
+  )(x)
+  return x.astype(jnp.float32)
+
+
 class ConvBN(nn.Module):
-  """Convolution, then batch norm (optional), then ReLU (optional).
+  """Convolution, then batch norm (optional), then ReLU (optional): :func:`conv_bn` as a module.
 
   Children are named ``conv`` and ``bn`` so that a parameter path such as
   ``('params', 'inception3a', 'branch3x3', 'bn', 'scale')`` identifies both the layer and
-  the fact that it is batch norm (see :func:`jaxcomp.models.is_batch_norm`).
-
-  With batch norm the convolution has no bias: BN's shift (beta) makes it redundant
-  (Ioffe & Szegedy 2015, §3.2). Without batch norm the convolution has a bias.
+  the fact that it is batch norm (see :func:`jaxcomp.models.is_batch_norm`). With batch norm the
+  convolution has no bias; without batch norm it has one.
 
   Attributes:
     features: output channels.
@@ -141,30 +251,16 @@ class ConvBN(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array, train: bool = False) -> jax.Array:
-    kernel_size = tuple(self.kernel_size)
-    padding = caffe_padding(kernel_size) if self.padding is None else self.padding
-    x = nn.Conv(
+    return conv_bn(
+        x,
         self.features,
-        kernel_size,
-        strides=tuple(self.strides),
-        padding=padding,
-        feature_group_count=self.groups,
-        use_bias=not self.use_bn,
+        self.kernel_size,
+        train=train,
+        strides=self.strides,
+        padding=self.padding,
+        groups=self.groups,
+        use_bn=self.use_bn,
+        relu=self.relu,
         kernel_init=self.kernel_init,
-        dtype=self.dtype,
-        param_dtype=self.param_dtype,
-        name="conv",
-    )(x)
-    if self.use_bn:
-      x = nn.BatchNorm(
-          use_running_average=not train,
-          momentum=self.bn_momentum,
-          epsilon=self.bn_epsilon,
-          axis_name=self.bn_axis_name,
-          dtype=self.dtype,
-          param_dtype=self.param_dtype,
-          name="bn",
-      )(x)
-    if self.relu:
-      x = nn.relu(x)
-    return x
+        **bn_settings(self),
+    )

@@ -45,7 +45,15 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jaxcomp.models.layers import Dtype, Initializer, he_normal, lecun_normal
+from jaxcomp.models.layers import (
+    Dtype,
+    Initializer,
+    bn_settings,
+    conv_bn,
+    he_normal,
+    lecun_normal,
+    logits_layer,
+)
 
 STAGE_WIDTHS = (16, 32, 64)
 
@@ -99,28 +107,20 @@ class BasicBlock(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array, train: bool = False) -> jax.Array:
-    conv = lambda stride, name: nn.Conv(
+    conv = lambda y, stride, index, relu: conv_bn(
+        y,
         self.features,
         (3, 3),
+        train=train,
         strides=(stride, stride),
-        padding=[(1, 1), (1, 1)],
-        use_bias=False,
+        relu=relu,
         kernel_init=self.conv_init,
-        dtype=self.dtype,
-        param_dtype=self.param_dtype,
-        name=name,
+        conv_name=f"conv{index}",
+        bn_name=f"bn{index}",
+        **bn_settings(self),
     )
-    bn = lambda name: nn.BatchNorm(
-        use_running_average=not train,
-        momentum=self.bn_momentum,
-        epsilon=self.bn_epsilon,
-        axis_name=self.bn_axis_name,
-        dtype=self.dtype,
-        param_dtype=self.param_dtype,
-        name=name,
-    )
-    y = nn.relu(bn("bn1")(conv(self.strides, "conv1")(x)))
-    y = bn("bn2")(conv(1, "conv2")(y))
+    y = conv(x, self.strides, 1, relu=True)
+    y = conv(y, 1, 2, relu=False)
     return nn.relu(y + shortcut_option_a(x, self.features, self.strides).astype(y.dtype))
 
 
@@ -165,32 +165,24 @@ class CifarResNet(nn.Module):
       train: use batch statistics (needs ``mutable=['batch_stats']``) when ``True``.
     """
     n = blocks_per_stage(self.depth)
-    dt = dict(dtype=self.dtype, param_dtype=self.param_dtype)
-    bn_kw = dict(
-        momentum=self.bn_momentum, epsilon=self.bn_epsilon, axis_name=self.bn_axis_name, **dt
-    )
-    x = nn.Conv(
+    x = conv_bn(
+        x,
         STAGE_WIDTHS[0],
         (3, 3),
-        padding=[(1, 1), (1, 1)],
-        use_bias=False,
+        train=train,
         kernel_init=self.conv_init,
-        name="conv1",
-        **dt,
-    )(x)
-    x = nn.relu(nn.BatchNorm(use_running_average=not train, name="bn1", **bn_kw)(x))
+        conv_name="conv1",
+        bn_name="bn1",
+        **bn_settings(self),
+    )
     for s, width in enumerate(STAGE_WIDTHS, start=1):
       for b in range(1, n + 1):
         x = BasicBlock(
             width,
             strides=2 if (s > 1 and b == 1) else 1,
             conv_init=self.conv_init,
-            bn_momentum=self.bn_momentum,
-            bn_epsilon=self.bn_epsilon,
-            bn_axis_name=self.bn_axis_name,
             name=f"stage{s}_block{b}",
-            **dt,
+            **bn_settings(self),
         )(x, train)
     x = jnp.mean(x, axis=(1, 2))
-    x = nn.Dense(self.num_classes, kernel_init=self.logits_init, name="logits", **dt)(x)
-    return x.astype(jnp.float32)
+    return logits_layer(x, self.num_classes, self.logits_init, self.dtype, self.param_dtype)
