@@ -72,24 +72,35 @@ def _encode(flat: jax.Array) -> jax.Array:
   return out
 
 
-def _digits(b: jax.Array) -> list[jax.Array]:
-  """Base-3 digits (most significant first) of uint8 bytes, in uint8."""
-  # Unsigned division by constants; LLVM turns these into multiply-shifts.
-  d0 = b // jnp.uint8(81)
-  r = b - d0 * jnp.uint8(81)
-  d1 = r // jnp.uint8(27)
-  r = r - d1 * jnp.uint8(27)
-  d2 = r // jnp.uint8(9)
-  r = r - d2 * jnp.uint8(9)
-  d3 = r // jnp.uint8(3)
-  d4 = r - d3 * jnp.uint8(3)
-  return [d0, d1, d2, d3, d4]
+def _digit(b: jax.Array, k: int) -> jax.Array:
+  """Digit ``k`` (0 = most significant, weight 81) of uint8 bytes, as uint32.
+
+  Each digit straight from the byte (a division by a constant and a mod 3, which
+  LLVM turns into multiply-shifts), not from the previous digit's remainder.
+  """
+  x = b.astype(jnp.uint32)
+  w = _WEIGHTS[k]
+  q = x // jnp.uint32(w) if w > 1 else x
+  if k == 0:
+    return q  # no mod 3: a byte >= 243 decodes out of range (3 - 1 = 2), as documented
+  return q - (q // jnp.uint32(3)) * jnp.uint32(3)
 
 
 @functools.partial(jax.jit, static_argnums=1)
 def _decode(b: jax.Array, n: int) -> jax.Array:
-  shifted = jnp.concatenate(_digits(b))  # P0 ‖ P1 ‖ … ‖ P4
-  return shifted[:n].astype(jnp.int8) - jnp.int8(1)
+  # The first n of P0 ‖ P1 ‖ … ‖ P4: the whole parts, then the cut one (for
+  # tensors of 20 values or more, P0..P3 whole and P4 cut). Concatenating all
+  # five and slicing the result to n ran 3-5x slower on XLA:CPU.
+  length = b.shape[0]
+  if length == 0:
+    return jnp.zeros((0,), jnp.int8)
+  whole, rest = divmod(n, length)
+  parts = [_digit(b, k).astype(jnp.int8) - jnp.int8(1) for k in range(min(5, whole + 1))]
+  if rest:
+    parts[whole] = parts[whole][:rest]
+  else:
+    parts = parts[:whole]
+  return jnp.concatenate(parts) if len(parts) > 1 else parts[0]
 
 
 def base243_encode(t: Any) -> jax.Array:
