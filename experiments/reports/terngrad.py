@@ -124,7 +124,7 @@ def plot_accuracy_vs_workers(cfg, acc_by, path, dataset) -> bool:
     ax.set_xscale("log", base=2)
     ax.set_xticks(cfg.WORKERS, [str(n) for n in cfg.WORKERS])
     ax.set_xlabel("workers N (total batch 64)")
-    ax.set_title(f"{opt} SGD")
+    ax.set_title({"momentum": "momentum SGD", "sgd": "vanilla SGD"}.get(opt, opt))
     ax.grid(alpha=0.3)
     ax.legend()
   axes[0].set_ylabel("test accuracy (%)")
