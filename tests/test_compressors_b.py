@@ -209,12 +209,15 @@ def test_column_view():
 
 def test_compact_first_in_row_order():
   mask = jnp.array([[1, 0], [1, 1], [0, 1], [1, 1], [1, 0]], bool)
-  c = jax.jit(_select.compact, static_argnums=(1, 2))(mask, 2, -1)
+  c = jax.jit(_select.compact_rows, static_argnums=(1, 2))(mask, 2, -1)
   np.testing.assert_array_equal(c.rows, [[0, 1], [1, 2]])
   np.testing.assert_array_equal(c.count, [2, 2])
   assert int(c.overflow) == 3  # rows 3 and 4 of column 0, row 3 of column 1
-  np.testing.assert_array_equal(c.kept, [[1, 0], [1, 1], [0, 1], [0, 0], [0, 0]])
-  c = jax.jit(_select.compact, static_argnums=(1, 2))(mask[:, :1] & False, 3, -1)
+  kept = np.zeros(mask.shape, bool)  # the entries the slots hold
+  for j in range(mask.shape[1]):
+    kept[np.asarray(c.rows)[np.asarray(c.used)[:, j], j], j] = True
+  np.testing.assert_array_equal(kept, [[1, 0], [1, 1], [0, 1], [0, 0], [0, 0]])
+  c = jax.jit(_select.compact_rows, static_argnums=(1, 2))(mask[:, :1] & False, 3, -1)
   np.testing.assert_array_equal(c.rows, [[-1], [-1], [-1]])
   assert int(c.overflow) == 0
 

@@ -9,10 +9,10 @@ sparsification and PowerSGD have in common:
   sampled estimates of Dryden et al. §3.1/§3.3 and 3LC §4.2;
 * **selection** (:func:`kth_largest`): a per-column order statistic with a
   dynamic rank, found with ``lax.top_k`` over a static bound instead of a sort;
-* **fixed-capacity compaction** (:func:`compact`, and :func:`compact_rows`
-  for sparse masks of large tensors): which selected entries fit into a static
-  number of slots, and where each goes;
-* **sparse words** (:func:`sign_words`, :func:`read_words`,
+* **fixed-capacity compaction** (:func:`compact_rows`): which selected
+  entries fit into a static number of slots (the first in row order), and
+  which row each slot holds;
+* **sparse words** (:func:`slot_words`, :func:`read_words`,
   :func:`scatter_columns`): the selected entries as Dryden §3.2's 32-bit words
   (:mod:`jaxcomp.codecs.sparse`: 1 sign bit, 31 index bits) in fixed slots,
   empty slots holding :data:`EMPTY_WORD`; and :func:`rice_bits`, the exact
@@ -143,41 +143,6 @@ def kth_largest(pool: jax.Array, valid: jax.Array, t: jax.Array, kmax: int) -> j
   return jnp.where(t > 0, at, jnp.inf)
 
 
-class Compacted(NamedTuple):
-  """Where the selected entries of each column go in a fixed number of slots."""
-
-  kept: jax.Array  # bool (rows, cols): selected and within capacity (sent)
-  slot: jax.Array  # int32 (rows, cols): the entry's slot where kept, else `capacity` (out of range)
-  rows: jax.Array  # int32 (capacity, cols): the row index held by each slot, `fill` where empty
-  count: jax.Array  # int32 (cols,): slots used
-  overflow: jax.Array  # int32 (): selected entries that did not fit
-
-
-def compact(mask: jax.Array, capacity: int, fill: int = 0) -> Compacted:
-  """Fits the selected entries of each column into ``capacity`` slots, first in row order.
-
-  When more entries are selected than fit, the ones with the smallest row
-  index win: one cumulative sum decides, with no sort. (The entries left out
-  are not sent; with error feedback they stay in the residual and compete
-  again at the next step.)
-
-  Args:
-    mask: bool ``(rows, cols)``.
-    capacity: static slots per column (``>= 1``).
-    fill: the row index written into empty slots.
-  """
-  rows, cols = mask.shape
-  pos = jnp.cumsum(mask, axis=0, dtype=jnp.int32) - 1
-  kept = jnp.logical_and(mask, pos < capacity)
-  slot = jnp.where(kept, pos, capacity)
-  col = lax.broadcasted_iota(jnp.int32, (rows, cols), 1)
-  row = lax.broadcasted_iota(jnp.int32, (rows, cols), 0)
-  slot_rows = jnp.full((capacity, cols), fill, jnp.int32).at[slot, col].set(row, mode="drop")
-  count = jnp.sum(kept, axis=0, dtype=jnp.int32)
-  overflow = jnp.sum(mask, dtype=jnp.int32) - jnp.sum(count)
-  return Compacted(kept=kept, slot=slot, rows=slot_rows, count=count, overflow=overflow)
-
-
 class Slots(NamedTuple):
   """The first ``capacity`` selected rows of each column (see :func:`compact_rows`)."""
 
@@ -236,10 +201,11 @@ def prefix_sum_rows(counts: jax.Array) -> jax.Array:
 def compact_rows(mask: jax.Array, capacity: int, fill: int = 0) -> Slots:
   """The first ``capacity`` selected rows of every column, with no full-size scan or scatter.
 
-  The same selection as :func:`compact` (the entries first in row order win,
-  the rest overflow) for sparse masks, at a fraction of its cost on XLA:CPU,
-  where a cumulative sum over a large major axis and a scatter of every entry
-  dominate. Instead:
+  When more entries are selected than fit, the ones with the smallest row
+  index win (the rest overflow; with error feedback they stay in the residual
+  and compete again at the next step). The obvious way, a cumulative sum over
+  the rows and a scatter of every entry, is what dominates on XLA:CPU for
+  large tensors. Instead:
 
   1. pack each column's mask into 32-bit words (32 rows per word, one fused
      elementwise pass) and count their bits;
@@ -290,14 +256,6 @@ def compact_rows(mask: jax.Array, capacity: int, fill: int = 0) -> Slots:
   return Slots(rows=jnp.where(used, row, fill), used=used, count=count, overflow=overflow)
 
 
-def gather_slots(x2: jax.Array, c: Compacted) -> jax.Array:
-  """The values of the kept entries in slot order, ``(capacity, cols)``; 0 in empty slots."""
-  rows, cols = x2.shape
-  capacity = c.rows.shape[0]
-  col = lax.broadcasted_iota(jnp.int32, (rows, cols), 1)
-  return jnp.zeros((capacity, cols), x2.dtype).at[c.slot, col].set(x2, mode="drop")
-
-
 def safe_mean(total: jax.Array, count: jax.Array) -> jax.Array:
   """``total / count``, and 0 where ``count == 0`` (never 0/0)."""
   return jnp.where(count > 0, total / jnp.maximum(count, 1).astype(total.dtype), 0.0)
@@ -318,23 +276,11 @@ def check_word_rows(rows: int, what: str) -> None:
     raise ValueError(f"{what} has {rows} entries; 32-bit words address at most {sparse.MAX_INDEX}.")
 
 
-def sign_words(x2: jax.Array, c: Compacted) -> jax.Array:
-  """``uint32 (capacity, cols)``: per slot, the kept entry's row and sign bit (1 for ``x > 0``).
-
-  ``c`` must come from :func:`compact` with ``fill=sparse.MAX_INDEX``; empty
-  slots become :data:`EMPTY_WORD`.
-  """
-  values = gather_slots(x2, c)
-  positive = jnp.logical_or(values > 0, c.rows == sparse.MAX_INDEX)
-  return sparse.sparse_words_encode(c.rows.reshape(-1), positive.reshape(-1)).reshape(c.rows.shape)
-
-
 def slot_words(x2: jax.Array, s: Slots) -> jax.Array:
   """``uint32 (capacity, cols)``: per slot, its row and sign bit (1 for ``x > 0``).
 
   ``s`` must come from :func:`compact_rows` with ``fill=sparse.MAX_INDEX``;
-  empty slots become :data:`EMPTY_WORD`. The words :func:`sign_words` makes
-  from :func:`compact` of the same mask.
+  empty slots become :data:`EMPTY_WORD`.
   """
   positive = jnp.logical_or(s.values(x2) > 0, jnp.logical_not(s.used))
   return sparse.sparse_words_encode(s.rows.reshape(-1), positive.reshape(-1)).reshape(s.rows.shape)

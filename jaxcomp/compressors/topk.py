@@ -137,8 +137,8 @@ class TopK(core.Compressor):
     del agreed
     flat = x.reshape(-1)
     mask = jnp.logical_and(jnp.abs(flat) >= self.threshold(flat, key), flat != 0)
-    # compact_rows: the same first-in-index-order selection as _select.compact,
-    # without a cumulative sum or a scatter over all n entries.
+    # The first `slots` selected entries in index order (compact_rows: no
+    # cumulative sum or scatter over all n entries).
     s = _select.compact_rows(mask[:, None], self.slots(flat.shape[0]))
     values = s.values(flat[:, None])[:, 0].astype(jnp.float32)
     if self.wire == "bitmap":
