@@ -38,9 +38,9 @@ Decisions (DESIGN.md rule 5; tested in ``tests/test_compressors_b.py``):
   performance in our adaptive quantization ... we do not ... use variants
   without sampling", §4.2). ``sample=None`` or ``s >= rows`` selects exactly
   over the whole column (a ``lax.top_k`` of ``ceil(π·rows)`` per column:
-  ~40x slower on a 1M-row column here). The means are always those of the entries actually sent (one
-  masked pass; the paper estimates them from the partially sorted sample only
-  to save CPU time).
+  ~40x slower on a 1M-row column here). The means are always those of the
+  entries actually sent (one masked pass; the paper estimates them from the
+  partially sorted sample only to save CPU time).
 * **Fixed-size payload.** Per column, with exact thresholds, ``cap =
   min(rows, ceil(π·rows) + 1)`` word slots: ``ceil(π·k+) + ceil(π·k−) <=
   ceil(π·rows) + 1`` always, so exact selection never overflows unless values
@@ -48,10 +48,9 @@ Decisions (DESIGN.md rule 5; tested in ``tests/test_compressors_b.py``):
   on average, so with sampling the default is twice that, ``min(rows,
   ceil(2π·rows) + 1)``; more still may pass: the entries first in row order
   win, the rest stay in the residual and are counted in the metric
-  ``overflow``. Empty
-  slots hold the word ``0xFFFFFFFF`` (no entry), so no counts travel; the
-  fixed slots per column replace the paper's "special separator" between
-  columns. ``bytes_on_wire = 4·cols·cap + 8·cols``. ``capacity`` (a
+  ``overflow``. Empty slots hold the word ``0xFFFFFFFF`` (no entry), so no
+  counts travel; the fixed slots per column replace the paper's "special
+  separator" between columns. ``bytes_on_wire = 4·cols·cap + 8·cols``. ``capacity`` (a
   fraction of the rows or a count) sets ``cap`` explicitly, e.g. 1/32 for
   sampled thresholds: one-bit's byte budget (Dryden Fig. 3: adaptive's data
   volume "closely follows one-bit").
@@ -216,8 +215,8 @@ def adaptive(
     rng: uniform generator for the sample, ``"hash"`` or ``"threefry"``.
     capacity: word slots per column, a fraction of its rows or a count
       (default ``ceil(π·rows) + 1`` for exact thresholds, ``ceil(2π·rows) + 1``
-      for sampled ones). Entries beyond it stay in the residual
-      and are counted in the metric ``overflow``.
+      for sampled ones). Entries beyond it stay in the residual and are
+      counted in the metric ``overflow``.
     **kwargs: passed to :func:`jaxcomp.compress`: ``axis_name``, ``skip``,
       ``min_size``, ``seed``, ``nonfinite``, ``error_feedback`` (on by
       default).
