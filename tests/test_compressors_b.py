@@ -246,6 +246,15 @@ def test_onebit_quantizer_per_column():
   assert err < np.sum((np.where(xn >= 0, 1.05, 0.95) * out - xn) ** 2)
 
 
+def test_onebit_negative_zero_is_in_the_negative_class():
+  """The class is the sign bit: -0.0 gets bit 0 and counts towards the negative mean (documented)."""
+  v = jnp.array([2.0, -0.0, -3.0, 0.0, 4.0])
+  p, _, out = _code(OneBit(), v)
+  np.testing.assert_array_equal(bits.unpack_bits(p.bits, 5), [1, 0, 0, 1, 1])
+  np.testing.assert_allclose(p.means[:, 0], [2.0, -1.5], rtol=1e-6)  # (2+0+4)/3 and (-0-3)/2
+  np.testing.assert_allclose(out, [2.0, -1.5, -1.5, 2.0, 2.0], rtol=1e-6)
+
+
 def test_onebit_conv_and_vector_columns():
   """HWIO kernels: one column per output channel; a vector is a single column."""
   comp = OneBit()
