@@ -62,12 +62,14 @@ def _moments(x: jax.Array) -> tuple[jax.Array, jax.Array]:
 
   The sum of squared deviations is a dot product, which XLA:CPU runs at memory
   speed (measured: 0.77 ms for 1M elements against 1.08 ms for ``jnp.std``
-  plus the maximum).
+  plus the maximum). ``max|x|`` is ``max(max x, -min x)``: ``max(abs(x))``
+  wrote ``|x|`` to memory before reducing it, and the encode ran ~20% slower
+  at 4M elements (measured side by side).
   """
   if x.size == 0:
     return jnp.float32(0.0), jnp.float32(0.0)
   d = x - jnp.mean(x)
-  return jnp.sqrt(jnp.dot(d, d) / x.size), jnp.max(jnp.abs(x))
+  return jnp.sqrt(jnp.dot(d, d) / x.size), jnp.maximum(jnp.max(x), -jnp.min(x))
 
 
 def _clip_bound(sigma: jax.Array, c: Optional[float]) -> jax.Array:
