@@ -46,6 +46,24 @@ def test_compact_rows_equals_reference(shape, p, cap):
   assert int(b.overflow) == overflow
 
 
+@pytest.mark.parametrize("kmax", [_select.TOP_K_MAX, 64])  # lax.top_k, then radix selection
+def test_kth_largest_matches_a_sort(kmax):
+  """Per column, the t-th largest valid entry, exactly (negatives, ties, inf, -0.0, edge ranks)."""
+  rng = np.random.default_rng(1)
+  pool = rng.normal(size=(97, 6)).astype(np.float32) * np.array([1, 1e-30, 1e30, 1, 1, 1], np.float32)
+  pool[:40, 3] = 0.5  # ties
+  pool[5, 4], pool[6, 4], pool[7, 4] = np.inf, -np.inf, -0.0
+  valid = rng.random((97, 6)) < 0.7
+  valid[:, 5] = np.arange(97) < 20  # a column with fewer valid entries than some ranks
+  for t in ([1, 2, 3, 4, 5, 6], [0, 10, 30, 20, 32, 1], [32, 32, 32, 32, 32, 32]):
+    t = [min(r, kmax) for r in t]
+    got = np.asarray(_select.kth_largest(jnp.asarray(pool), jnp.asarray(valid), jnp.asarray(t, jnp.int32), kmax))
+    for j in range(6):
+      col = np.sort(pool[valid[:, j], j])[::-1]
+      want = np.inf if t[j] == 0 else (col[t[j] - 1] if t[j] <= col.size else -np.inf)
+      assert got[j] == want, (t[j], j)
+
+
 def test_prefix_sum_rows_both_paths():
   rng = np.random.default_rng(0)
   for n in (1, 7, 512, 513, 3000):

@@ -8,7 +8,7 @@ sparsification and PowerSGD have in common:
 * **sampling** (:func:`sample_rows`): a random sample of each column, for the
   sampled estimates of Dryden et al. §3.1/§3.3 and 3LC §4.2;
 * **selection** (:func:`kth_largest`): a per-column order statistic with a
-  dynamic rank, found with ``lax.top_k`` over a static bound instead of a sort;
+  dynamic rank, found with ``lax.top_k`` (small ranks) or radix selection (no sort);
 * **fixed-capacity compaction** (:func:`compact_rows`): which selected
   entries fit into a static number of slots (the first in row order), and
   which row each slot holds;
@@ -122,25 +122,62 @@ def sample_rows(x2: jax.Array, key: jax.Array, k: int, impl: rng.RngImpl = "hash
   return jnp.take_along_axis(x2, idx, axis=0)
 
 
+def _order_keys(x: jax.Array) -> jax.Array:
+  """uint32 keys that order like the float32 values (``-inf`` < ... < ``-0.0`` < ``+0.0`` < ... < ``+inf``)."""
+  b = lax.bitcast_convert_type(x.astype(jnp.float32), jnp.uint32)
+  return jnp.where(b >> 31 == 1, ~b, b | jnp.uint32(0x80000000))
+
+
+def _from_order_keys(k: jax.Array) -> jax.Array:
+  """Inverse of :func:`_order_keys`."""
+  return lax.bitcast_convert_type(jnp.where(k >> 31 == 1, k & jnp.uint32(0x7FFFFFFF), ~k), jnp.float32)
+
+
+TOP_K_MAX = 32
+"""Up to this static rank bound :func:`kth_largest` uses ``lax.top_k``; beyond it, radix selection."""
+
+
 def kth_largest(pool: jax.Array, valid: jax.Array, t: jax.Array, kmax: int) -> jax.Array:
   """Per column, the ``t``-th largest valid entry of ``pool``; ``+inf`` where ``t == 0``.
+
+  Two exact methods, chosen by the static bound ``kmax``:
+
+  * ``kmax <= TOP_K_MAX``: ``lax.top_k`` of ``kmax`` per column (adaptive
+    quantization's ranks, ``ceil(π·s)``, are small);
+  * otherwise radix selection: the entries' order-preserving uint32 keys are
+    searched bit by bit from the top (32 counting passes), which builds the
+    largest key with at least ``t`` valid keys at or above it, the ``t``-th
+    largest. For top-k's rank 205 of a 4096-entry sample this made the
+    encode ~15% faster at 1M elements than ``lax.top_k`` (measured side by
+    side); for ranks of 1-2 ``lax.top_k`` is faster.
 
   Args:
     pool: ``(m, cols)`` values.
     valid: ``(m, cols)`` booleans: which entries take part.
-    t: int32 ``(cols,)`` ranks, ``0 <= t <= min(kmax, valid count)``.
-    kmax: static bound on ``t`` (``lax.top_k`` over ``kmax`` instead of a
-      full sort: a partial selection, as the papers ask for).
+    t: int32 ``(cols,)`` ranks, ``0 <= t <= kmax``.
+    kmax: static bound on ``t``.
 
   Returns:
-    float32 ``(cols,)``.
+    float32 ``(cols,)``; ``-inf`` where ``t`` exceeds the column's valid count.
   """
   m = pool.shape[0]
-  kmax = max(1, min(kmax, m))
-  masked = jnp.where(valid, pool, -jnp.inf).T  # (cols, m)
-  top = lax.top_k(masked, kmax)[0]  # (cols, kmax), descending
-  at = jnp.take_along_axis(top, jnp.clip(t - 1, 0, kmax - 1)[:, None], axis=1)[:, 0]
-  return jnp.where(t > 0, at, jnp.inf)
+  if kmax <= TOP_K_MAX:
+    kmax = max(1, min(kmax, m))
+    masked = jnp.where(valid, pool, -jnp.inf).T  # (cols, m)
+    top = lax.top_k(masked, kmax)[0]  # (cols, kmax), descending
+    at = jnp.take_along_axis(top, jnp.clip(t - 1, 0, kmax - 1)[:, None], axis=1)[:, 0]
+    return jnp.where(t > 0, at, jnp.inf)
+  # Materialised once: XLA would otherwise fuse the pool's producer (e.g. a
+  # sampling gather) into each of the 32 counting passes.
+  keys = _barrier(_order_keys(pool))
+  valid = _barrier(valid.astype(jnp.uint8)) > 0
+  found = jnp.zeros(pool.shape[1:], jnp.uint32)
+  for bit in range(31, -1, -1):
+    cand = found | jnp.uint32(1 << bit)
+    at_or_above = jnp.sum(jnp.logical_and(valid, keys >= cand), axis=0, dtype=jnp.int32)
+    found = jnp.where(at_or_above >= t, cand, found)
+  nvalid = jnp.sum(valid, axis=0, dtype=jnp.int32)
+  return jnp.where(t > 0, jnp.where(t <= nvalid, _from_order_keys(found), -jnp.inf), jnp.inf)
 
 
 class Slots(NamedTuple):

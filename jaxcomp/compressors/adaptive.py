@@ -8,7 +8,7 @@ error feedback has added the residual (``x = g + r``):
 1. the thresholds: with ``k+`` non-negative and ``k−`` negative entries in the
    column, ``τ+`` is the ``ceil(π·k+)``-th largest non-negative entry and
    ``τ−`` the ``ceil(π·k−)``-th smallest (largest in magnitude) negative
-   entry, found by selection (``lax.top_k`` over a static bound, no sort);
+   entry, found by selection (:func:`jaxcomp.compressors._select.kth_largest`, no sort);
 2. the entries ``x ≥ τ+`` and ``x ≤ τ−`` are sent, each as a 32-bit word of
    one value bit and its row index (:mod:`jaxcomp.codecs.sparse`);
 3. reconstruction values: the mean of the sent entries above ``τ+`` and the
@@ -37,8 +37,8 @@ Decisions (DESIGN.md rule 5; tested in ``tests/test_compressors_b.py``):
   the paper uses sampling throughout ("Sampling is crucial for good
   performance in our adaptive quantization ... we do not ... use variants
   without sampling", §4.2). ``sample=None`` or ``s >= rows`` selects exactly
-  over the whole column (a ``lax.top_k`` of ``ceil(π·rows)`` per column:
-  ~40x slower on a 1M-row column here). The means are always those of the
+  over the whole column (a selection over every row instead of ``s``: ~40x
+  slower on a 1M-row column here). The means are always those of the
   entries actually sent (one masked pass; the paper estimates them from the
   partially sorted sample only to save CPU time).
 * **Fixed-size payload.** Per column, with exact thresholds, ``cap =
