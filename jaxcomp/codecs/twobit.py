@@ -57,7 +57,12 @@ def _pack(flat: jax.Array) -> jax.Array:
   n = flat.shape[0]
   m = ceil_div(n, 4)
   codes = (flat.astype(jnp.int8) + 1).astype(jnp.uint8)
-  c = jnp.pad(codes, (0, 4 * m - n), constant_values=_PAD_CODE).reshape(4, m)
+  # The four quarters as slices, only the short ones padded (padding the whole
+  # array first puts every read through the pad; see base243's encoder).
+  c = []
+  for k in range(4):
+    part = codes[min(k * m, n):min((k + 1) * m, n)]
+    c.append(part if part.shape[0] == m else jnp.pad(part, (0, m - part.shape[0]), constant_values=_PAD_CODE))
   return c[0] | (c[1] << 2) | (c[2] << 4) | (c[3] << 6)
 
 
