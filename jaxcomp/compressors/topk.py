@@ -4,9 +4,10 @@ Per tensor, on every worker, after the shared error feedback has added the
 residual (``x = g + r``):
 
 1. the threshold: sample ``s`` values of ``x``, order only them (a radix
-   selection, :func:`jaxcomp.compressors._select.kth_largest`) and take the ``ceil(fraction·s)``-th largest
-   magnitude ``t`` ("To avoid exhaustive sorting while finding a threshold, we
-   only sort sampled input values", 3LC §4.2, after Aji & Heafield 2017);
+   selection, :func:`jaxcomp.compressors._select.kth_largest`) and take the
+   ``ceil(fraction·s)``-th largest magnitude ``t`` ("To avoid exhaustive
+   sorting while finding a threshold, we only sort sampled input values",
+   3LC §4.2, after Aji & Heafield 2017);
 2. select every entry with ``|x| ≥ t`` (magnitude, not relative magnitude:
    "We use the magnitude, not relative magnitude, of values to find largest
    changes");
