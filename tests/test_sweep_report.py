@@ -37,4 +37,6 @@ def test_sweep_then_report(tmp_path):
   b = json.load(open(base / "terngrad" / "summary.json"))["test_accuracy"]
   assert f"| 2 | 32 | — | — | — | {100 * a:.2f} | {100 * b:.2f} | {100 * (b - a):+.2f} |" in text
   assert "Cells finished: 1 of 14" in text
+  # A cell outside +-0.5 pp points to the variance diagnostic; one inside does not.
+  assert ("miss the ±0.5 target" in text) == (abs(100 * (b - a)) > 0.5)
   assert (tmp_path / "docs" / "results" / "tg_f3_mnist5k_accuracy_vs_workers.png").exists()

@@ -83,6 +83,11 @@ def render_tg_f3_dataset(cfg, dataset, runs, out_path, img_dir) -> list[str]:
     lines.append(f"Cells finished: {cells_done} of {cells_total}. TernGrad − floating over finished "
                  f"cells: from {min(diffs):+.2f} to {max(diffs):+.2f} points "
                  f"(paper on MNIST: −{cfg.PAPER['max_loss_pp']} to +{cfg.PAPER['max_gain_pp']}).")
+    missed = sum(abs(d) > 0.5 for d in diffs)
+    if missed:
+      lines.append(f"{missed} finished cell(s) miss the ±0.5 target. `benchmarks/terngrad_variance.py` "
+                   "measures the error TernGrad's exchange adds to the averaged gradient for each N "
+                   "(docs/benchmarks.md, \"TernGrad's added variance against the number of workers\").")
   else:
     lines.append(f"Cells finished: 0 of {cells_total}.")
   any_run = next((r for r in runs.values() if r["summary"]), None)
