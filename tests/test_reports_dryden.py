@@ -116,6 +116,7 @@ def test_renderers_on_fixture_runs(tmp_path):
   assert "## DR-T1" in text and "## DR-F2" in text
   assert "| one-bit | 98.49 | -0.02 | 94.00 | -1.00 | -0.98 | 1.00 (5.0%) | 0.50 |" in text
   assert "| threshold | 98.12 | -0.39 | — | — |" in text
+  assert "Runs finished: 3 of 4;" in text  # of the grid's four methods, not of the runs on disk
   assert "**Scale: REDUCED** — dataset: mnist5k (paper: mnist); steps: 2,000 (paper: 30,000)" in text
   assert "MNIST, which is not available offline" in text
   assert "| 128² | 2.00 | 4.00 | 6.00 | 8.00 | 0.50× | 0.33× | 0.25× |" in text

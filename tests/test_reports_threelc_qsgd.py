@@ -159,6 +159,7 @@ def test_threelc_renderers_on_fixture_runs(tmp_path):
   assert "3LC-T2" not in text.split("## Not run yet")[-1] if "## Not run yet" in text else True
   assert "**Scale: REDUCED**" in text and "model: ResNet-8 (paper: ResNet-110)" in text
   assert "steps: 200 (paper: 25,600)" in text
+  assert f"Runs finished: {len(cfg.DESIGNS)} of {len(cfg.DESIGNS)};" in text
   # Table 1 row of 3LC s=1.75: paper 93.51 (+0.14), ours 80.80 - 80.00 = +0.80, difference +0.66.
   i = list(cfg.DESIGNS).index("3lc_s1.75")
   assert f"| 3LC (s=1.75) | 93.51 | +0.14 | {100 * accs['3lc_s1.75']:.2f} | +{0.1 * i:.2f} | " in text

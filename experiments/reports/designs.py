@@ -48,8 +48,12 @@ def finished(runs: dict[str, dict], names) -> dict[str, dict[str, Any]]:
   return {n: runs[n]["summary"] for n in names if n in runs and runs[n]["summary"]}
 
 
-def scale_lines(runs: dict[str, dict], paper_config: Any) -> list[str]:
-  """Markdown lines: full or reduced scale (what differs from the paper), seeds, steps, time."""
+def scale_lines(runs: dict[str, dict], paper_config: Any, planned: int) -> list[str]:
+  """Markdown lines: full or reduced scale (what differs from the paper), seeds, steps, time.
+
+  ``planned`` is the number of runs in the experiment's grid (``runs`` holds only those
+  with a directory on disk).
+  """
   done = [r for r in runs.values() if r["summary"]]
   if not done:
     return ["No run has finished.", ""]
@@ -65,7 +69,7 @@ def scale_lines(runs: dict[str, dict], paper_config: Any) -> list[str]:
   seeds = ", ".join(str(n) for n in sorted({x["seed"] for x in s}))
   tests = ", ".join(f"{n:,.0f}" for n in sorted({x["test_examples"] for x in s if x.get("test_examples")}))
   lines.append(
-      f"Runs finished: {len(done)} of {len(runs)}; steps: {steps}; seeds: {seeds} (one run per "
+      f"Runs finished: {len(done)} of {planned}; steps: {steps}; seeds: {seeds} (one run per "
       f"design); test images: {tests}; total wall time {fmt_time(sum(x['wall_time_sec'] for x in s))}, "
       f"{step_time:.2f} s per training step on average (2 shared vCPUs, simulated workers, "
       f"other jobs running).")
@@ -137,7 +141,7 @@ def design_section(cfg: Any, dataset: str, runs: dict[str, dict], extra, curve_n
   ``curve_names`` the designs whose curves are plotted.
   """
   lines = [f"### {dataset}", ""]
-  lines += scale_lines(runs, cfg.get_config())
+  lines += scale_lines(runs, cfg.get_config(), len(cfg.DESIGNS))
   summaries = finished(runs, cfg.DESIGNS)
   lines += accuracy_table(cfg.DESIGNS, cfg.PAPER["accuracy"], summaries, "float32", extra)
   curves = [(cfg.DESIGNS[n][0], runs[n]["workdir"]) for n in curve_names if n in summaries]

@@ -84,7 +84,8 @@ def render_dr_t1(runs_by_dataset, out_path: str, img_dir: str) -> list[str]:
 def _render_dr_t1_dataset(cfg, dataset: str, runs: dict[str, Any], out_path: str, img_dir: str) -> list[str]:
   num_train = _num_train(dataset)
   lines = [f"### {dataset}", ""]
-  lines += D.scale_lines(runs, cfg.get_config(f"dataset={cfg.PAPER['dataset'].lower()},fraction=1"))
+  lines += D.scale_lines(runs, cfg.get_config(f"dataset={cfg.PAPER['dataset'].lower()},fraction=1"),
+                        len(cfg.METHODS))
 
   def epochs(name, s):
     if not num_train:
