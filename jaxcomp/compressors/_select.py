@@ -46,6 +46,7 @@ from jax import lax
 
 from jaxcomp import rng
 from jaxcomp.codecs import sparse
+from jaxcomp.compressors._quant import materialize
 
 Capacity = Union[int, float]
 
@@ -169,8 +170,8 @@ def kth_largest(pool: jax.Array, valid: jax.Array, t: jax.Array, kmax: int) -> j
     return jnp.where(t > 0, at, jnp.inf)
   # Materialised once: XLA would otherwise fuse the pool's producer (e.g. a
   # sampling gather) into each of the 32 counting passes.
-  keys = _barrier(_order_keys(pool))
-  valid = _barrier(valid.astype(jnp.uint8)) > 0
+  keys = materialize(_order_keys(pool))
+  valid = materialize(valid.astype(jnp.uint8)) > 0
   found = jnp.zeros(pool.shape[1:], jnp.uint32)
   for bit in range(31, -1, -1):
     cand = found | jnp.uint32(1 << bit)
@@ -209,11 +210,6 @@ def _select_bit(word: jax.Array, rank: jax.Array) -> jax.Array:
   return pos
 
 
-def _barrier(a: jax.Array) -> jax.Array:
-  """``a``, computed into its own buffer (a reduction ends an XLA fusion; see ``_quant.materialize``)."""
-  return lax.reduce(jnp.stack([a, jnp.zeros_like(a)]), jnp.zeros((), a.dtype), lax.add, (0,))
-
-
 def prefix_sum_rows(counts: jax.Array) -> jax.Array:
   """Inclusive cumulative sum over axis 0 of non-negative int32 counts whose total is below ``2**24``.
 
@@ -230,7 +226,7 @@ def prefix_sum_rows(counts: jax.Array) -> jax.Array:
     return jnp.dot(tri, counts.astype(jnp.float32), precision=lax.Precision.HIGHEST).astype(jnp.int32)
   out, k = counts, 1
   while k < n:
-    out = _barrier(out + jnp.concatenate([jnp.zeros((k,) + out.shape[1:], out.dtype), out[:-k]]))
+    out = materialize(out + jnp.concatenate([jnp.zeros((k,) + out.shape[1:], out.dtype), out[:-k]]))
     k *= 2
   return out
 
@@ -270,7 +266,7 @@ def compact_rows(mask: jax.Array, capacity: int, fill: int = 0) -> Slots:
   for b in range(1, _WORD):
     words = words | (m[:, b, :].astype(jnp.uint32) << jnp.uint32(b))
   # Materialised: gathered from below, and XLA would otherwise re-pack per gathered word.
-  words = _barrier(words)
+  words = materialize(words)
   pc = lax.population_count(words).astype(jnp.int32)  # (nwords, cols)
   incl = prefix_sum_rows(pc)
   total = incl[-1]
