@@ -34,7 +34,7 @@ import numpy as np
 
 from jaxcomp.codecs._common import (as_flat_int, as_flat_uint8, ceil_div,
                                     check_byte_count, check_length,
-                                    check_ternary, host_bytes)
+                                    check_ternary, host_bytes, partitions)
 
 __all__ = [
     "pack_2bit",
@@ -57,12 +57,7 @@ def _pack(flat: jax.Array) -> jax.Array:
   n = flat.shape[0]
   m = ceil_div(n, 4)
   codes = (flat.astype(jnp.int8) + 1).astype(jnp.uint8)
-  # The four quarters as slices, only the short ones padded (padding the whole
-  # array first puts every read through the pad; see base243's encoder).
-  c = []
-  for k in range(4):
-    part = codes[min(k * m, n):min((k + 1) * m, n)]
-    c.append(part if part.shape[0] == m else jnp.pad(part, (0, m - part.shape[0]), constant_values=_PAD_CODE))
+  c = partitions(codes, 4, m, _PAD_CODE)
   return c[0] | (c[1] << 2) | (c[2] << 4) | (c[3] << 6)
 
 
