@@ -21,7 +21,8 @@ shared vCPUs, 4 simulated workers, 36.8M parameters: about a second per
 step, i.e. over 8 hours per method). The committed runs use the largest
 fraction that fits the ~2 hour training budget of this experiment, the same
 for the four methods, chosen by a rule fixed before measuring: the step time
-of each method was measured first (10 steps + 5 timed), and
+of each method was measured first (10 steps + 5 timed:
+``python -m benchmarks.dryden_step_time``), and
 ``fraction = (7200 s − 600 s margin − 4 × 180 s of compile and test passes) /
 (sum of the four step times) / 30,000``, rounded down to 0.01. See
 ``docs/results.md`` for the measured step times and the fraction.

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from benchmarks import dryden_step_time
 from configs import dryden_mlp
 from experiments import report
 from experiments import train
@@ -111,8 +112,17 @@ def test_renderers_on_fixture_runs(tmp_path):
   _fixture_run(root, "onebit", 0.94)
   _fixture_run(root, "adaptive", 0.96)  # threshold missing: shown as not run
   _fixture_allreduce(root)
+  times = {"normal": 0.4, "onebit": 0.8, "threshold": 1.1, "adaptive": 1.8}
+  with open(os.path.join(root, "DR-T1", "mnist5k", "step_times.json"), "w") as f:
+    json.dump({"dataset": "mnist5k", "step_time_sec": times, "warmup_steps": 10, "timed_steps": 5,
+               "budget_sec": 7200.0, "margin_sec": 600.0, "overhead_sec": 180.0, "full_steps": 2000,
+               "fraction": dryden_step_time.fraction_for(times, 2000),
+               "command": "python -m benchmarks.dryden_step_time --dataset mnist5k"}, f)
   out = str(tmp_path / "docs" / "results.md")
   text = report.build(root, out)
+  # (7200 - 600 - 4 x 180) / 4.1 / 2000 = 0.7171 -> 0.71
+  assert "one-bit 0.800 s" in text and "= 0.7171, rounded down to **0.71**" in text
+  assert "`python -m benchmarks.dryden_step_time --dataset mnist5k`" in text
   assert "## DR-T1" in text and "## DR-F2" in text
   assert "| one-bit | 98.49 | -0.02 | 94.00 | -1.00 | -0.98 | 1.00 (5.0%) | 0.50 |" in text
   assert "| threshold | 98.12 | -0.39 | — | — |" in text
@@ -124,3 +134,14 @@ def test_renderers_on_fixture_runs(tmp_path):
   for png in ("dr_t1_mnist5k_curves.png", "dr_t1_mnist5k_volume.png", "dr_f2_uniform_synthetic_host_cpu_8dev.png"):
     assert os.path.exists(tmp_path / "docs" / "results" / png), png
   assert set(dryden.RENDERERS) == {"DR-T1", "DR-F2"}
+
+
+def test_fraction_rule_rounds_down_and_rejects_bad_times():
+  # configs/dryden_mlp.py: (7200 - 600 - 4 x 180) / (sum of step times) / full steps, floored to 0.01.
+  times = {"normal": 0.406, "onebit": 0.824, "threshold": 1.096, "adaptive": 1.805}
+  assert dryden_step_time.fraction_for(times, 30000) == 0.04  # 5880 / 4.131 / 30000 = 0.0474
+  assert dryden_step_time.fraction_for({"a": 0.98}, 6000) == 1.09  # 6420 / 0.98 / 6000 = 1.0918
+  assert dryden_step_time.fraction_for({"a": 1.0}, 6420) == 1.0  # exactly 1: not floored to 0.99
+  for bad in ({}, {"a": 0.0}, {"a": float("nan")}):
+    with pytest.raises(ValueError, match="positive"):
+      dryden_step_time.fraction_for(bad, 30000)

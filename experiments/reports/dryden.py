@@ -13,6 +13,7 @@ Every number comes from those files or from the ``PAPER`` tables of
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any, Optional
 
@@ -81,11 +82,34 @@ def render_dr_t1(runs_by_dataset, out_path: str, img_dir: str) -> list[str]:
   return lines
 
 
+def _fraction_lines(cfg, dataset_dir: str) -> list[str]:
+  """The measured step times and the fraction they gave (``benchmarks/dryden_step_time.py``'s JSON)."""
+  path = os.path.join(dataset_dir, "step_times.json")
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    doc = json.load(f)
+  times = doc["step_time_sec"]
+  total = sum(times.values())
+  usable = doc["budget_sec"] - doc["margin_sec"] - len(times) * doc["overhead_sec"]
+  return [
+      f"**Length** (the rule in `configs/dryden_mlp.py`, fixed before measuring): step times measured "
+      f"first, {doc['timed_steps']} steps timed after {doc['warmup_steps']} — "
+      + ", ".join(f"{cfg.METHODS[m][0]} {t:.3f} s" for m, t in times.items())
+      + f" (sum {total:.3f} s); fraction = ({doc['budget_sec']:.0f} − {doc['margin_sec']:.0f} − "
+      f"{len(times)} × {doc['overhead_sec']:.0f}) s / {total:.3f} s / {doc['full_steps']:,} steps "
+      f"= {usable / total / doc['full_steps']:.4f}, rounded down to **{doc['fraction']:.2f}**. "
+      f"Command: `{doc['command']}`.",
+      "",
+  ]
+
+
 def _render_dr_t1_dataset(cfg, dataset: str, runs: dict[str, Any], out_path: str, img_dir: str) -> list[str]:
   num_train = _num_train(dataset)
   lines = [f"### {dataset}", ""]
   lines += D.scale_lines(runs, cfg.get_config(f"dataset={cfg.PAPER['dataset'].lower()},fraction=1"),
                         len(cfg.METHODS))
+  lines += _fraction_lines(cfg, os.path.dirname(next(iter(runs.values()))["workdir"]))
 
   def epochs(name, s):
     if not num_train:
