@@ -48,8 +48,7 @@ from jaxcomp import parallel
 from jaxcomp import rng
 from jaxcomp import transforms
 from jaxcomp.codecs import base243
-from jaxcomp.compressors._quant import materialize
-from jaxcomp.compressors.terngrad import TernGrad, ternarize
+from jaxcomp.compressors.terngrad import TernGrad, ternarize_stored
 
 
 class StochasticTernaryPayload(NamedTuple):
@@ -75,8 +74,8 @@ class StochasticTernary(TernGrad):
 
   def encode(self, x, key, agreed):
     scale = agreed if agreed is not None else self._local_scale(x)
-    codes = ternarize(x.reshape(-1), scale, key, self.rng)
-    return StochasticTernaryPayload(codes=base243.base243_encode(materialize(codes)), scale=scale.astype(jnp.float32))
+    codes = ternarize_stored(x.reshape(-1), scale, key, self.rng)[:x.size]
+    return StochasticTernaryPayload(codes=base243.base243_encode(codes), scale=scale.astype(jnp.float32))
 
   def decode(self, payload, shape):
     codes = base243.base243_decode(payload.codes, core.size_of(shape))

@@ -107,6 +107,21 @@ def ternarize(x: jax.Array, scale: jax.Array, key: jax.Array, impl: rng.RngImpl 
   return jnp.where(keep, jnp.where(x > 0, 1, -1), 0).astype(jnp.int8)
 
 
+def ternarize_stored(x: jax.Array, scale: jax.Array, key: jax.Array, impl: rng.RngImpl = "hash",
+                     bound: Optional[jax.Array] = None) -> jax.Array:
+  """:func:`ternarize` over ``x`` zero-padded to a multiple of 4 values, stored.
+
+  Returns ``4·ceil(n/4)`` codes; the first ``n`` are :func:`ternarize`'s own
+  (the hash draws by position) and a padded zero draws code 0. XLA:CPU
+  vectorises the hash loop only for such lengths: at 1M–4M values of other
+  lengths, ternarizing in place and packing straight from the loop ran 1.4–13x
+  slower (measured; see docs/benchmarks.md). Storing the codes before packing
+  keeps the packers' loops apart from the hash loop.
+  """
+  n = x.shape[0]
+  return _quant.materialize(ternarize(jnp.pad(x, (0, -n % 4)), scale, key, impl, bound=bound))
+
+
 @dataclasses.dataclass(frozen=True)
 class TernGrad(core.Compressor):
   """TernGrad's per-tensor compressor (see the module docstring).
@@ -146,13 +161,8 @@ class TernGrad(core.Compressor):
     flat = x.reshape(-1)
     bound, local = self._bound_and_scale(flat)
     scale = agreed if agreed is not None else local
-    # Ternarized over a length padded to 4·ceil(n/4) (a padded 0 draws code 0,
-    # the pack's own padding) and stored before packing: XLA:CPU vectorises the
-    # hash loop only for such lengths, and packing straight from it ran 1.4-5x
-    # slower at 1M-4M values of other lengths (measured; identical bytes).
-    n = flat.shape[0]
-    padded = jnp.pad(flat, (0, -n % 4))
-    codes = _quant.materialize(ternarize(padded, scale, key, self.rng, bound=bound))
+    # The padded codes' extra zeros are the pack's own padding.
+    codes = ternarize_stored(flat, scale, key, self.rng, bound=bound)
     return TernGradPayload(codes=twobit.pack_2bit(codes), scale=scale.astype(jnp.float32))
 
   def decode(self, payload, shape):
