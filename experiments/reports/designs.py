@@ -71,8 +71,8 @@ def scale_lines(runs: dict[str, dict], paper_config: Any, planned: int) -> list[
   lines.append(
       f"Runs finished: {len(done)} of {planned}; steps: {steps}; seeds: {seeds} (one run per "
       f"design); test images: {tests}; total wall time {fmt_time(sum(x['wall_time_sec'] for x in s))}, "
-      f"{step_time:.2f} s per training step on average (2 shared vCPUs, simulated workers, "
-      f"other jobs running).")
+      f"{step_time:.2f} s per training step on average (2 shared vCPUs, simulated workers; "
+      f"other jobs may have run beside them).")
   lines.append("")
   return lines
 

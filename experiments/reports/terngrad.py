@@ -295,7 +295,7 @@ def _tg_t1_dataset(cfg, dataset, runs, out_path, img_dir) -> list[str]:
     lines.append(f"Runs finished: {len(done)} of {2 * len(cfg.WORKERS)}; test images: "
                  f"{done[0]['test_examples']:,.0f}; total wall time "
                  f"{fmt_time(sum(s['wall_time_sec'] for s in done))} (2 shared vCPUs, simulated "
-                 "workers, other jobs running).")
+                 "workers; other jobs may have run beside them).")
     lines.append("")
   sparsity = {n: mean_zero_fraction(runs[k]["workdir"], "fc3/kernel")
               for n in cfg.WORKERS if (k := f"N{n:02d}/terngrad") in runs and runs[k]["summary"]}
