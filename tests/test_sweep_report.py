@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -40,3 +42,31 @@ def test_sweep_then_report(tmp_path):
   # A cell outside +-0.5 pp points to the variance diagnostic; one inside does not.
   assert ("miss the ±0.5 target" in text) == (abs(100 * (b - a)) > 0.5)
   assert (tmp_path / "docs" / "results" / "tg_f3_mnist5k_accuracy_vs_workers.png").exists()
+
+
+def test_convergence_plot_against_epochs(tmp_path, monkeypatch):
+  """Runs with different batch sizes share an epoch axis (TG-T1's N = 2 and 16)."""
+  from experiments import plots  # pylint: disable=g-import-not-at-top
+
+  dirs = []
+  for name, steps in (("small", 16), ("large", 2)):
+    d = tmp_path / name
+    d.mkdir()
+    rows = ["step,split,loss,accuracy"] + [f"{s},train,{1.0 / s},0.5" for s in range(1, steps + 1)]
+    rows.append(f"{steps},test,0.5,0.8")
+    (d / "metrics.csv").write_text("\n".join(rows) + "\n")
+    dirs.append((name, str(d)))
+  figs = []
+  monkeypatch.setattr(plots.plt, "close", figs.append)
+  png = tmp_path / "curves.png"
+  plots.convergence_plot(dirs, str(png), epochs_per_step=[0.25, 2.0])
+  assert png.exists()
+  ax_acc, ax_loss = figs[0].axes
+  assert ax_acc.get_xlabel() == ax_loss.get_xlabel() == "epoch"
+  assert [list(line.get_xdata()) for line in ax_acc.lines] == [[4.0], [4.0]]  # both end at epoch 4
+  assert list(ax_loss.lines[1].get_xdata()) == [2.0, 4.0]
+  plots.convergence_plot(dirs, str(png))
+  assert figs[1].axes[0].get_xlabel() == "step"
+  for bad in ([1.0], [1.0, 0.0], [1.0, -2.0]):
+    with pytest.raises(ValueError, match="one positive value per run"):
+      plots.convergence_plot(dirs, str(png), epochs_per_step=bad)

@@ -306,33 +306,42 @@ def _tg_t1_dataset(cfg, dataset, runs, out_path, img_dir) -> list[str]:
                  ", ".join(f"N = {n}: {100 * f:.1f}%" for n, f in sparsity.items()) +
                  " (paper, AlexNet fc6 on ImageNet: 71.32%).")
     lines.append("")
-  curves = [(f"N={n} {VARIANT_LABELS[v]}", runs[k]["workdir"]) for n in cfg.WORKERS
-            for v in ("none", "terngrad") if (k := f"N{n:02d}/{v}") in runs and runs[k]["summary"]]
+  keys = [k for n in cfg.WORKERS for v in ("none", "terngrad")
+          if (k := f"N{n:02d}/{v}") in runs and runs[k]["summary"]]
+  curves = [(f"N={int(k[1:3])} {VARIANT_LABELS[k[4:]]}", runs[k]["workdir"]) for k in keys]
   if curves:
     os.makedirs(img_dir, exist_ok=True)
     png = os.path.join(img_dir, f"tg_t1_{dataset}_curves.png")
+    # Against epochs: N = 2 and N = 16 run the same epochs in 16x fewer steps.
+    per_step = [_epochs(runs[k]["summary"]) / runs[k]["summary"]["steps"] for k in keys]
     plots.convergence_plot(curves, png, title=f"TG-T1 on {dataset}: test accuracy (EMA) and training loss",
-                           smooth=3)
+                           smooth=3, epochs_per_step=per_step)
     lines += [f"![TG-T1 curves]({rel_link(png, out_path)})", ""]
   if sparsity:
     png = os.path.join(img_dir, f"tg_t1_{dataset}_fc3_sparsity.png")
-    plot_sparsity({f"N={n} TernGrad": runs[f"N{n:02d}/terngrad"]["workdir"] for n in sparsity},
-                  "fc3/kernel", png, f"TG-T1 on {dataset}: zero codes of fc3 (cf. Fig. 4(c), fc6)")
+    tern = {f"N={n} TernGrad": runs[f"N{n:02d}/terngrad"] for n in sparsity}
+    plot_sparsity({label: r["workdir"] for label, r in tern.items()},
+                  "fc3/kernel", png, f"TG-T1 on {dataset}: zero codes of fc3 (cf. Fig. 4(c), fc6)",
+                  epochs_per_step={label: _epochs(r["summary"]) / r["summary"]["steps"]
+                                   for label, r in tern.items()})
     lines += [f"![TG-T1 fc3 sparsity]({rel_link(png, out_path)})", ""]
   return lines
 
 
 def plot_sparsity(workdirs: dict[str, str], tensor: str, path: str, title: str,
-                  paper_percent: float | None = 71.32) -> None:
+                  paper_percent: float | None = 71.32,
+                  epochs_per_step: dict[str, float] | None = None) -> None:
+  """Zero codes of ``tensor`` against step, or against epoch given each run's epochs per step."""
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 
   fig, ax = plt.subplots(figsize=(6, 4))
   for label, workdir in workdirs.items():
     rows = zero_fractions(workdir, tensor)
-    ax.plot([r[0] for r in rows], [100 * r[2] for r in rows], label=label)
+    scale = epochs_per_step[label] if epochs_per_step else 1.0
+    ax.plot([r[0] * scale for r in rows], [100 * r[2] for r in rows], label=label)
   if paper_percent is not None:
     ax.axhline(paper_percent, color="grey", ls=":", label=f"paper, AlexNet fc6: {paper_percent}%")
-  D.finish_plot(fig, ax, path, title, "step", "zero ternary codes (%)")
+  D.finish_plot(fig, ax, path, title, "epoch" if epochs_per_step else "step", "zero ternary codes (%)")
 
 
 # ---------------------------------------------------------------------------------------------
