@@ -34,7 +34,8 @@ import numpy as np
 
 from jaxcomp.codecs._common import (as_flat_int, as_flat_uint8, ceil_div,
                                     check_byte_count, check_length,
-                                    check_ternary, host_bytes, partitions)
+                                    check_ternary, host_bytes, join_parts,
+                                    partitions)
 
 __all__ = [
     "pack_2bit",
@@ -67,7 +68,7 @@ def unpack_codes(b: jax.Array, n: int) -> jax.Array:
   Callers that scale the codes anyway (TernGrad's decoder) convert these
   directly, saving a pass.
   """
-  return jnp.concatenate([(b >> s) & 3 for s in (0, 2, 4, 6)])[:n]
+  return join_parts(b, lambda x, k: (x >> (2 * k)) & 3, n, 4)
 
 
 @functools.partial(jax.jit, static_argnums=1)
