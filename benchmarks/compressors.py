@@ -23,8 +23,11 @@ Usage::
 
     python -m benchmarks.compressors [--sizes 1M,4M,16M] [--repeats 7] [--only terngrad,threelc]
         [--json out.json] [--markdown]
+    python -m benchmarks.compressors --combine run1.json run2.json run3.json
 
-Prints a table and a JSON document (to stdout, or to ``--json``).
+Prints a table and a JSON document (to stdout, or to ``--json``). ``--combine``
+prints one table from several runs' JSON files: median times, every run's
+ratio, and the target judged on the ratios' median (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -138,15 +141,59 @@ def markdown(results: list[dict]) -> str:
   for r in results:
     tgt = f"{'met' if r['meets_target'] else '**missed**'} ({r['target']:.0%})"
     lines.append(
-        f"| `{r['compressor']}` | {r['size'] // 2**20}M | {fmt(r.get('encode_s', float('nan')))} | "
+        f"| `{r['compressor']}` | {size_label(r['size'])} | {fmt(r.get('encode_s', float('nan')))} | "
         f"{fmt(r.get('decode_s', float('nan')))} | {r['melem_per_s']:.0f} | {r['copy_melem_per_s']:.0f} | "
         f"{r['vs_copy']:.1%} | {tgt} |"
     )
   return "\n".join(lines)
 
 
+def size_label(n: int) -> str:
+  """``1M``, ``4M + 3``: sizes as the tables write them."""
+  base = n // 2**20
+  return f"{base}M" if n == base * 2**20 else (f"{base}M + {n - base * 2**20}" if base else f"{n:,}")
+
+
+def combine(docs: list[dict]) -> str:
+  """One Markdown table from several runs' JSON (``--json``), in the first run's row order.
+
+  Times and throughputs are medians over the runs; every run's ratio is listed,
+  and the target is judged on their median. A row missing from a run is an
+  error: runs of different sets are not combined.
+
+  Raises:
+    ValueError: with fewer than two runs, or runs that measured different rows.
+  """
+  if len(docs) < 2:
+    raise ValueError(f"combine needs at least two runs; got {len(docs)}.")
+  keys = [(r["compressor"], r["size"]) for r in docs[0]["results"]]
+  by_run = [{(r["compressor"], r["size"]): r for r in d["results"]} for d in docs]
+  for i, rows in enumerate(by_run):
+    if set(rows) != set(keys):
+      raise ValueError(f"run {i + 1} measured different rows from run 1: "
+                       f"{sorted(set(rows) ^ set(keys))[:4]} ...")
+  runs = "–".join(("1", str(len(docs))))
+  lines = [f"| compressor | n | encode ms | decode ms | M el/s | copy M el/s | vs copy, runs {runs} "
+           "| vs copy, median | target |",
+           "|---|---:|---:|---:|---:|---:|---|---:|---|"]
+  med = lambda k, rs: statistics.median(r.get(k, float("nan")) for r in rs)
+  fmt = lambda v: "—" if v != v else f"{v * 1e3:.2f}"
+  for key in keys:
+    rs = [rows[key] for rows in by_run]
+    ratio, target = med("vs_copy", rs), rs[0]["target"]
+    verdict = "met" if ratio >= target else "**missed**"
+    lines.append(
+        f"| `{key[0]}` | {size_label(key[1])} | {fmt(med('encode_s', rs))} | {fmt(med('decode_s', rs))} | "
+        f"{med('melem_per_s', rs):.0f} | {med('copy_melem_per_s', rs):.0f} | "
+        + " / ".join(f"{100 * r['vs_copy']:.1f}" for r in rs)
+        + f" | {ratio:.1%} | {verdict} ({target:.0%}) |")
+  return "\n".join(lines)
+
+
 def main(argv=None) -> dict:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--combine", nargs="+", metavar="JSON", default=None,
+                      help="print one Markdown table from several runs' --json files, and stop")
   parser.add_argument("--sizes", default="1M,4M,16M", help="comma-separated element counts (K/M suffixes)")
   parser.add_argument("--repeats", type=int, default=7)
   parser.add_argument("--only", default="", help="comma-separated compressor names (registry or variant)")
@@ -154,6 +201,13 @@ def main(argv=None) -> dict:
   parser.add_argument("--json", default="", help="write the JSON here instead of stdout")
   parser.add_argument("--markdown", action="store_true", help="also print the table as Markdown (docs/benchmarks.md)")
   args = parser.parse_args(argv)
+  if args.combine:
+    docs = []
+    for path in args.combine:
+      with open(path) as f:
+        docs.append(json.load(f))
+    print(combine(docs))
+    return {"combined": args.combine}
 
   entries = {}
   for name in sorted(jaxcomp.REGISTRY):
