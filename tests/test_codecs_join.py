@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from _codec_helpers import ternary
-from jaxcomp.codecs import base243, twobit
+from jaxcomp.codecs import base243, bits, twobit
 from jaxcomp.codecs._common import join_parts
 
 
@@ -28,3 +28,12 @@ def test_codecs_round_trip_at_odd_part_lengths(n):
   t = ternary(n, n, 0.3)
   np.testing.assert_array_equal(np.asarray(twobit.unpack_2bit(twobit.pack_2bit(t), n)), t)
   np.testing.assert_array_equal(np.asarray(base243.base243_decode(base243.base243_encode(t), n)), t)
+
+
+@pytest.mark.parametrize("width", [1, 2, 3, 5, 12])
+@pytest.mark.parametrize("n", [8 * 3, 8 * 3 + 5, 8 * 131_073, 8 * 131_073 + 3])
+def test_bits_round_trip_at_odd_partition_lengths(width, n):
+  # bits' bulk is eight partitions of g = n // 8 codes: odd here (3 and 131,073).
+  codes = np.random.default_rng(n + width).integers(0, 2**width, n)
+  out = np.asarray(bits.unpack_uint(bits.pack_uint(codes, width), width, n))
+  np.testing.assert_array_equal(out, codes)

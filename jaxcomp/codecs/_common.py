@@ -114,13 +114,15 @@ def partitions(flat: jax.Array, parts: int, length: int, fill: int = 0) -> list[
   return out
 
 
-def join_parts(b: jax.Array, digit: Callable[[jax.Array, int], jax.Array], n: int,
+def join_parts(b: Any, digit: Callable[[Any, int], jax.Array], n: int,
                parts: int) -> jax.Array:
   """The first ``n`` values of ``digit(b, 0) ‖ digit(b, 1) ‖ … ‖ digit(b, parts − 1)``.
 
-  The inverse of :func:`partitions` for the planar codecs (2-bit, base-3^5):
-  byte ``j`` of ``b`` holds value ``j`` of every part, and ``digit(bytes, k)``
-  extracts part ``k``'s values elementwise. Every part is ``L = len(b)`` long.
+  The inverse of :func:`partitions` for the planar codecs (2-bit, base-3^5,
+  the bulk of :mod:`jaxcomp.codecs.bits`): byte ``j`` of ``b`` holds value
+  ``j`` of every part, and ``digit(bytes, k)`` extracts part ``k``'s values
+  elementwise. ``b`` is one byte array or a tuple of them (the bit planes of
+  wider codes), all ``L`` long; every part is ``L`` long.
 
   XLA:CPU runs a concatenation 2-4x slower when a piece starts at an odd
   offset (measured: the base-3^5 decode at 4M values, ``L = 838,861``, took
@@ -130,10 +132,11 @@ def join_parts(b: jax.Array, digit: Callable[[jax.Array, int], jax.Array], n: in
   two-value piece computed from the two bytes alone. Every piece but the last
   then has an even length.
   """
-  length = b.shape[0]
+  length = jax.tree.leaves(b)[0].shape[0]
   if n == 0 or length == 0:
-    return digit(b[:0], 0)[:0]
-  src = b[jnp.array([length - 1, 0])]
+    return digit(jax.tree.map(lambda a: a[:0], b), 0)[:0]
+  idx = jnp.array([length - 1, 0])
+  src = jax.tree.map(lambda a: a[idx], b)
   first = jnp.array([True, False])
   pieces, pos = [], 0
   for k in range(parts):

@@ -39,7 +39,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxcomp.codecs._common import as_flat_uint8, ceil_div, check_length
+from jaxcomp.codecs._common import as_flat_uint8, ceil_div, check_length, join_parts
 
 __all__ = [
     "MAX_WIDTH",
@@ -89,18 +89,19 @@ def _pack_bulk(parts: list, width: int, dt) -> list:
   return planes
 
 
+def _unpack_part(planes, j: int, width: int, dt) -> jax.Array:
+  """Partition ``j`` (of eight) back from the planes."""
+  lo, hi = j * width, (j + 1) * width
+  acc = None
+  for k in range(lo // 8, ceil_div(hi, 8)):
+    part = _shift(planes[k], 8 * k - lo, dt)
+    acc = part if acc is None else acc | part
+  return acc & dt((1 << width) - 1) if width < 8 * jnp.dtype(dt).itemsize else acc
+
+
 def _unpack_bulk(planes: list, width: int, dt) -> list:
   """The eight partitions back from the planes."""
-  mask = dt((1 << width) - 1)
-  parts = []
-  for j in range(8):
-    lo, hi = j * width, (j + 1) * width
-    acc = None
-    for k in range(lo // 8, ceil_div(hi, 8)):
-      part = _shift(planes[k], 8 * k - lo, dt)
-      acc = part if acc is None else acc | part
-    parts.append(acc & mask if width < 8 * jnp.dtype(dt).itemsize else acc)
-  return parts
+  return [_unpack_part(planes, j, width, dt) for j in range(8)]
 
 
 def pack_uint(codes: Any, width: int) -> jax.Array:
@@ -161,7 +162,10 @@ def unpack_uint(b: Any, width: int, n: int) -> jax.Array:
   dt = _work_dtype(width)
   g, r = divmod(n, 8)
   by = b.astype(dt)
-  out = _unpack_bulk([by[k * g:(k + 1) * g] for k in range(width)], width, dt) if g else []
+  # The partitions joined from even-length pieces (join_parts): with an odd g,
+  # a plain concatenation ran 2-8x slower on XLA:CPU (docs/benchmarks.md).
+  planes = tuple(by[k * g:(k + 1) * g] for k in range(width))
+  out = [join_parts(planes, lambda p, j: _unpack_part(p, j, width, dt), 8 * g, 8)] if g else []
   if r:
     tail = jnp.pad(by[g * width:], (0, width - ceil_div(r * width, 8)))
     out.append(jnp.concatenate(_unpack_bulk([tail[k:k + 1] for k in range(width)], width, dt))[:r])
