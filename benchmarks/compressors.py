@@ -137,15 +137,22 @@ def markdown(results: list[dict]) -> str:
       "| compressor | n | encode ms | decode ms | M el/s | copy M el/s | vs copy | target |",
       "|---|---:|---:|---:|---:|---:|---:|---|",
   ]
-  fmt = lambda v: "—" if v != v else f"{v * 1e3:.2f}"  # NaN: timed as one exchange
   for r in results:
-    tgt = f"{'met' if r['meets_target'] else '**missed**'} ({r['target']:.0%})"
     lines.append(
-        f"| `{r['compressor']}` | {size_label(r['size'])} | {fmt(r.get('encode_s', float('nan')))} | "
-        f"{fmt(r.get('decode_s', float('nan')))} | {r['melem_per_s']:.0f} | {r['copy_melem_per_s']:.0f} | "
-        f"{r['vs_copy']:.1%} | {tgt} |"
+        f"| `{r['compressor']}` | {size_label(r['size'])} | {_ms(r.get('encode_s', float('nan')))} | "
+        f"{_ms(r.get('decode_s', float('nan')))} | {r['melem_per_s']:.0f} | {r['copy_melem_per_s']:.0f} | "
+        f"{r['vs_copy']:.1%} | {_verdict(r['vs_copy'], r['target'])} |"
     )
   return "\n".join(lines)
+
+
+def _ms(seconds: float) -> str:
+  """Milliseconds for the tables; NaN (timed as one exchange) as a dash."""
+  return "—" if seconds != seconds else f"{seconds * 1e3:.2f}"
+
+
+def _verdict(ratio: float, target: float) -> str:
+  return f"{'met' if ratio >= target else '**missed**'} ({target:.0%})"
 
 
 def size_label(n: int) -> str:
@@ -172,21 +179,18 @@ def combine(docs: list[dict]) -> str:
     if set(rows) != set(keys):
       raise ValueError(f"run {i + 1} measured different rows from run 1: "
                        f"{sorted(set(rows) ^ set(keys))[:4]} ...")
-  runs = "–".join(("1", str(len(docs))))
-  lines = [f"| compressor | n | encode ms | decode ms | M el/s | copy M el/s | vs copy, runs {runs} "
+  lines = [f"| compressor | n | encode ms | decode ms | M el/s | copy M el/s | vs copy, runs 1–{len(docs)} "
            "| vs copy, median | target |",
            "|---|---:|---:|---:|---:|---:|---|---:|---|"]
   med = lambda k, rs: statistics.median(r.get(k, float("nan")) for r in rs)
-  fmt = lambda v: "—" if v != v else f"{v * 1e3:.2f}"
   for key in keys:
     rs = [rows[key] for rows in by_run]
-    ratio, target = med("vs_copy", rs), rs[0]["target"]
-    verdict = "met" if ratio >= target else "**missed**"
+    ratio = med("vs_copy", rs)
     lines.append(
-        f"| `{key[0]}` | {size_label(key[1])} | {fmt(med('encode_s', rs))} | {fmt(med('decode_s', rs))} | "
+        f"| `{key[0]}` | {size_label(key[1])} | {_ms(med('encode_s', rs))} | {_ms(med('decode_s', rs))} | "
         f"{med('melem_per_s', rs):.0f} | {med('copy_melem_per_s', rs):.0f} | "
         + " / ".join(f"{100 * r['vs_copy']:.1f}" for r in rs)
-        + f" | {ratio:.1%} | {verdict} ({target:.0%}) |")
+        + f" | {ratio:.1%} | {_verdict(ratio, rs[0]['target'])} |")
   return "\n".join(lines)
 
 
