@@ -250,10 +250,14 @@ def render_tg_t1(runs_by_dataset, out_path: str, img_dir: str) -> list[str]:
   return lines
 
 
-def _epochs(summary) -> float:
+def _epochs_per_step(summary) -> float:
   from jaxcomp import data  # pylint: disable=g-import-not-at-top
 
-  return summary["steps"] * summary["batch_size"] / data.get_spec(summary["dataset"]).num_examples("train")
+  return summary["batch_size"] / data.get_spec(summary["dataset"]).num_examples("train")
+
+
+def _epochs(summary) -> float:
+  return summary["steps"] * _epochs_per_step(summary)
 
 
 def _tg_t1_dataset(cfg, dataset, runs, out_path, img_dir) -> list[str]:
@@ -306,24 +310,22 @@ def _tg_t1_dataset(cfg, dataset, runs, out_path, img_dir) -> list[str]:
                  ", ".join(f"N = {n}: {100 * f:.1f}%" for n, f in sparsity.items()) +
                  " (paper, AlexNet fc6 on ImageNet: 71.32%).")
     lines.append("")
-  keys = [k for n in cfg.WORKERS for v in ("none", "terngrad")
-          if (k := f"N{n:02d}/{v}") in runs and runs[k]["summary"]]
-  curves = [(f"N={int(k[1:3])} {VARIANT_LABELS[k[4:]]}", runs[k]["workdir"]) for k in keys]
-  if curves:
+  shown = [(f"N={n} {VARIANT_LABELS[v]}", runs[k]) for n in cfg.WORKERS for v in ("none", "terngrad")
+           if (k := f"N{n:02d}/{v}") in runs and runs[k]["summary"]]
+  if shown:
     os.makedirs(img_dir, exist_ok=True)
     png = os.path.join(img_dir, f"tg_t1_{dataset}_curves.png")
     # Against epochs: N = 2 and N = 16 run the same epochs in 16x fewer steps.
-    per_step = [_epochs(runs[k]["summary"]) / runs[k]["summary"]["steps"] for k in keys]
-    plots.convergence_plot(curves, png, title=f"TG-T1 on {dataset}: test accuracy (EMA) and training loss",
-                           smooth=3, epochs_per_step=per_step)
+    plots.convergence_plot([(label, r["workdir"]) for label, r in shown], png,
+                           title=f"TG-T1 on {dataset}: test accuracy (EMA) and training loss", smooth=3,
+                           epochs_per_step=[_epochs_per_step(r["summary"]) for _, r in shown])
     lines += [f"![TG-T1 curves]({rel_link(png, out_path)})", ""]
   if sparsity:
     png = os.path.join(img_dir, f"tg_t1_{dataset}_fc3_sparsity.png")
     tern = {f"N={n} TernGrad": runs[f"N{n:02d}/terngrad"] for n in sparsity}
     plot_sparsity({label: r["workdir"] for label, r in tern.items()},
                   "fc3/kernel", png, f"TG-T1 on {dataset}: zero codes of fc3 (cf. Fig. 4(c), fc6)",
-                  epochs_per_step={label: _epochs(r["summary"]) / r["summary"]["steps"]
-                                   for label, r in tern.items()})
+                  epochs_per_step={label: _epochs_per_step(r["summary"]) for label, r in tern.items()})
     lines += [f"![TG-T1 fc3 sparsity]({rel_link(png, out_path)})", ""]
   return lines
 
