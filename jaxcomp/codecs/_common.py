@@ -135,9 +135,9 @@ def join_parts(b: Any, digit: Callable[[Any, int], jax.Array], n: int,
   length = jax.tree.leaves(b)[0].shape[0]
   if n == 0 or length == 0:
     return digit(jax.tree.map(lambda a: a[:0], b), 0)[:0]
-  idx = jnp.array([length - 1, 0])
-  src = jax.tree.map(lambda a: a[idx], b)
-  first = jnp.array([True, False])
+  if length % 2:  # the two bytes of every pair: each part's last and the next part's first
+    src = jax.tree.map(lambda a: a[jnp.array([length - 1, 0])], b)
+    first = jnp.array([True, False])
   pieces, pos = [], 0
   for k in range(parts):
     if pos >= n:
