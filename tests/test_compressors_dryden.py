@@ -55,7 +55,7 @@ def test_kth_largest_matches_a_sort(kmax):
   pool[5, 4], pool[6, 4], pool[7, 4] = np.inf, -np.inf, -0.0
   valid = rng.random((97, 6)) < 0.7
   valid[:, 5] = np.arange(97) < 20  # a column with fewer valid entries than some ranks
-  for t in ([1, 2, 3, 4, 5, 6], [0, 10, 30, 20, 32, 1], [32, 32, 32, 32, 32, 32]):
+  for t in ([1, 2, 3, 4, 5, 6], [0, 10, 30, 20, 32, 1], [32, 32, 32, 32, 32, 32], [64, 50, 64, 40, 64, 21]):
     t = [min(r, kmax) for r in t]
     got = np.asarray(_select.kth_largest(jnp.asarray(pool), jnp.asarray(valid), jnp.asarray(t, jnp.int32), kmax))
     for j in range(6):
@@ -65,10 +65,15 @@ def test_kth_largest_matches_a_sort(kmax):
 
 
 def test_prefix_sum_rows_both_paths():
+  """One triangular product (<= 512 rows), blocks of 128 (one level of block totals, or two at 70,001 rows)."""
   rng = np.random.default_rng(0)
-  for n in (1, 7, 512, 513, 3000):
-    c = rng.integers(0, 33, (n, 3)).astype(np.int32)
+  for n, cols, high in ((1, 3, 33), (7, 3, 33), (512, 3, 33), (513, 3, 33), (3000, 3, 33), (70_001, 1, 200)):
+    c = rng.integers(0, high, (n, cols)).astype(np.int32)
     np.testing.assert_array_equal(_select.prefix_sum_rows(jnp.asarray(c)), np.cumsum(c, axis=0))
+  # Column totals up to 2**24 - 1 stay exact.
+  c = np.full((70_001, 1), (2**24 - 1) // 70_001, np.int32)
+  c[-1] += 2**24 - 1 - c.sum()
+  np.testing.assert_array_equal(_select.prefix_sum_rows(jnp.asarray(c)), np.cumsum(c, axis=0))
 
 
 @pytest.mark.parametrize("comp", [

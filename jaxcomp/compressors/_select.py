@@ -9,9 +9,10 @@ sparsification and PowerSGD have in common:
   sampled estimates of Dryden et al. §3.1/§3.3 and 3LC §4.2;
 * **selection** (:func:`kth_largest`): a per-column order statistic with a
   dynamic rank, found with ``lax.top_k`` (small ranks) or radix selection (no sort);
-* **fixed-capacity compaction** (:func:`compact_rows`): which selected
-  entries fit into a static number of slots (the first in row order), and
-  which row each slot holds;
+* **fixed-capacity compaction** (:func:`compact_rows`, or
+  :func:`compact_words` from a mask already packed by :func:`pack_rows`):
+  which selected entries fit into a static number of slots (the first in row
+  order), and which row each slot holds;
 * **sparse words** (:func:`slot_words`, :func:`read_words`,
   :func:`scatter_columns`): the selected entries as Dryden §3.2's 32-bit words
   (:mod:`jaxcomp.codecs.sparse`: 1 sign bit, 31 index bits) in fixed slots,
@@ -43,6 +44,7 @@ from typing import NamedTuple, Sequence, Union
 import jax
 import jax.numpy as jnp
 from jax import lax
+import numpy as np
 
 from jaxcomp import rng
 from jaxcomp.codecs import sparse
@@ -134,6 +136,8 @@ def _from_order_keys(k: jax.Array) -> jax.Array:
   return lax.bitcast_convert_type(jnp.where(k >> 31 == 1, k & jnp.uint32(0x7FFFFFFF), ~k), jnp.float32)
 
 
+_RADIX_BITS = 4  # key bits decided per round of kth_largest's radix selection (divides 32)
+
 TOP_K_MAX = 32
 """Up to this static rank bound :func:`kth_largest` uses ``lax.top_k``; beyond it, radix selection."""
 
@@ -146,11 +150,14 @@ def kth_largest(pool: jax.Array, valid: jax.Array, t: jax.Array, kmax: int) -> j
   * ``kmax <= TOP_K_MAX``: ``lax.top_k`` of ``kmax`` per column (adaptive
     quantization's ranks, ``ceil(π·s)``, are small);
   * otherwise radix selection: the entries' order-preserving uint32 keys are
-    searched bit by bit from the top (32 counting passes), which builds the
-    largest key with at least ``t`` valid keys at or above it, the ``t``-th
-    largest. For top-k's rank 205 of a 4096-entry sample this made its
-    encode ~20% faster at 1M elements than ``lax.top_k`` (measured side by
-    side); for adaptive's ranks of 1-2 ``lax.top_k`` is faster.
+    searched from the top, :data:`_RADIX_BITS` bits per round (8 counting
+    passes of 15 candidates each), which builds the largest key with at
+    least ``t`` valid keys at or above it, the ``t``-th largest. For top-k's
+    rank 205 of a 4096-entry sample, a bit-per-round search made its encode
+    ~20% faster at 1M elements than ``lax.top_k`` (measured side by side);
+    4 bits per round cut its 128 kernels to 32, whose launch costs had come
+    to more than the counting (docs/benchmarks.md). For adaptive's ranks of
+    1-2 ``lax.top_k`` is faster.
 
   Args:
     pool: ``(m, cols)`` values.
@@ -173,10 +180,13 @@ def kth_largest(pool: jax.Array, valid: jax.Array, t: jax.Array, kmax: int) -> j
   keys = materialize(_order_keys(pool))
   valid = materialize(valid.astype(jnp.uint8)) > 0
   found = jnp.zeros(pool.shape[1:], jnp.uint32)
-  for bit in range(31, -1, -1):
-    cand = found | jnp.uint32(1 << bit)
-    at_or_above = jnp.sum(jnp.logical_and(valid, keys >= cand), axis=0, dtype=jnp.int32)
-    found = jnp.where(at_or_above >= t, cand, found)
+  digits = jnp.arange(1, 1 << _RADIX_BITS, dtype=jnp.uint32)[:, None]  # (15, 1)
+  for shift in range(32 - _RADIX_BITS, -1, -_RADIX_BITS):
+    cand = found[None, :] | (digits << jnp.uint32(shift))  # (15, cols), increasing
+    at_or_above = jnp.sum(jnp.logical_and(valid[:, None, :], keys[:, None, :] >= cand[None]), axis=0, dtype=jnp.int32)
+    # The counts fall as the digit grows: the largest digit whose count reaches t.
+    digit = jnp.sum(at_or_above >= t[None, :], axis=0, dtype=jnp.uint32)
+    found = found | (digit << jnp.uint32(shift))
   nvalid = jnp.sum(valid, axis=0, dtype=jnp.int32)
   return jnp.where(t > 0, jnp.where(t <= nvalid, _from_order_keys(found), -jnp.inf), jnp.inf)
 
@@ -210,52 +220,55 @@ def _select_bit(word: jax.Array, rank: jax.Array) -> jax.Array:
   return pos
 
 
+_SCAN_BLOCK = 128  # rows per block of prefix_sum_rows beyond _SCAN_DIRECT
+_SCAN_DIRECT = 512  # up to this many rows, one product with a triangular matrix
+
+
+def _lower_ones(n: int) -> np.ndarray:
+  """float32 ``(n, n)`` lower-triangular ones, a compile-time constant (``jnp.tril`` is built at run time: ~0.1 ms at 410)."""
+  return np.tri(n, dtype=np.float32)
+
+
 def prefix_sum_rows(counts: jax.Array) -> jax.Array:
-  """Inclusive cumulative sum over axis 0 of non-negative int32 counts whose total is below ``2**24``.
+  """Inclusive cumulative sum over axis 0 of non-negative int32 counts.
+
+  Precondition: every column sums below ``2**24`` (so every partial sum is an
+  exact float32).
 
   ``jnp.cumsum`` over a major axis lowers to a windowed reduction on XLA:CPU
   that ran 100x slower than the memory traffic here (250 ms for a
-  ``(128, 4096)`` array fused behind its producer). Up to 512 rows this is a
-  product with a lower-triangular matrix of ones in float32, exact because
-  every partial sum is below ``2**24``; beyond, a Hillis-Steele scan of
-  ``log2(rows)`` shifted adds, each materialised.
+  ``(128, 4096)`` array fused behind its producer), and a Hillis-Steele scan
+  takes ``log2(rows)`` passes, each a kernel of its own (31 of them, ~1.5 ms,
+  in top-k's encode at 1M elements). Instead, products with lower-triangular
+  matrices of ones in float32 (exact for integers below ``2**24``):
+
+  * up to :data:`_SCAN_DIRECT` rows, one product;
+  * beyond, blocks of :data:`_SCAN_BLOCK` rows: each block's own prefix sums
+    (one batched product), plus the prefix sum of the blocks' totals
+    (recursively), a few kernels in all.
   """
   n = counts.shape[0]
-  if n <= 512:
-    tri = jnp.tril(jnp.ones((n, n), jnp.float32))
+  if n <= _SCAN_DIRECT:
+    tri = _lower_ones(n)
     return jnp.dot(tri, counts.astype(jnp.float32), precision=lax.Precision.HIGHEST).astype(jnp.int32)
-  out, k = counts, 1
-  while k < n:
-    out = materialize(out + jnp.concatenate([jnp.zeros((k,) + out.shape[1:], out.dtype), out[:-k]]))
-    k *= 2
-  return out
+  b = _SCAN_BLOCK
+  nb = -(-n // b)
+  blocks = jnp.pad(counts, ((0, nb * b - n),) + ((0, 0),) * (counts.ndim - 1))
+  blocks = blocks.reshape((nb, b) + counts.shape[1:]).astype(jnp.float32)
+  local = jnp.einsum("ij,nj...->ni...", _lower_ones(b), blocks, precision=lax.Precision.HIGHEST).astype(jnp.int32)
+  totals = local[:, -1]
+  before = prefix_sum_rows(totals) - totals  # (nb, ...): the sum of all earlier blocks
+  # Materialised: its readers gather from it, and would otherwise redo the sum per read.
+  return materialize((local + before[:, None]).reshape((nb * b,) + counts.shape[1:])[:n])
 
 
-def compact_rows(mask: jax.Array, capacity: int, fill: int = 0) -> Slots:
-  """The first ``capacity`` selected rows of every column, with no full-size scan or scatter.
+def pack_rows(mask: jax.Array) -> jax.Array:
+  """``mask`` (bool ``(rows, cols)``) packed 32 rows per uint32 word, per column.
 
-  When more entries are selected than fit, the ones with the smallest row
-  index win (the rest overflow; with error feedback they stay in the residual
-  and compete again at the next step). The obvious way, a cumulative sum over
-  the rows and a scatter of every entry, is what dominates on XLA:CPU for
-  large tensors. Instead:
-
-  1. pack each column's mask into 32-bit words (32 rows per word, one fused
-     elementwise pass) and count their bits;
-  2. a cumulative sum over the words (32x shorter than the column,
-     :func:`prefix_sum_rows`);
-  3. the word that holds each slot's selected row: the prefix sum of a
-     histogram of those cumulative counts (for slot ``s``, the number of
-     words with at most ``s`` selected rows up to and including them); a
-     binary search on popcounts then finds the bit within the word.
-
-  Steps 2-3 touch ``rows / 32`` and ``capacity`` values per column instead of
-  ``rows``.
-
-  Args:
-    mask: bool ``(rows, cols)``.
-    capacity: static slots per column (``>= 1``).
-    fill: the row index written into empty slots.
+  Word ``w`` of column ``j`` holds rows ``32w … 32w + 31``, row ``32w + b`` in
+  bit ``b`` (LSB first); rows past the end are 0 bits. Returns uint32
+  ``(ceil(rows / 32), cols)``, materialised: it is gathered from by
+  :func:`compact_words`, and XLA would otherwise re-pack per gathered word.
   """
   rows, cols = mask.shape
   nwords = -(-rows // _WORD)
@@ -265,8 +278,43 @@ def compact_rows(mask: jax.Array, capacity: int, fill: int = 0) -> Slots:
   words = m[:, 0, :].astype(jnp.uint32)
   for b in range(1, _WORD):
     words = words | (m[:, b, :].astype(jnp.uint32) << jnp.uint32(b))
-  # Materialised: gathered from below, and XLA would otherwise re-pack per gathered word.
-  words = materialize(words)
+  return materialize(words)
+
+
+def compact_rows(mask: jax.Array, capacity: int, fill: int = 0) -> Slots:
+  """The first ``capacity`` selected rows of every column (``mask``: bool ``(rows, cols)``).
+
+  :func:`compact_words` of :func:`pack_rows`; see there.
+  """
+  return compact_words(pack_rows(mask), capacity, fill)
+
+
+def compact_words(words: jax.Array, capacity: int, fill: int = 0) -> Slots:
+  """The first ``capacity`` selected rows of every column, with no full-size scan or scatter.
+
+  When more entries are selected than fit, the ones with the smallest row
+  index win (the rest overflow; with error feedback they stay in the residual
+  and compete again at the next step). The obvious way, a cumulative sum over
+  the rows and a scatter of every entry, is what dominates on XLA:CPU for
+  large tensors. Instead, from the mask packed into 32-bit words
+  (:func:`pack_rows`, one fused elementwise pass):
+
+  1. count the words' bits and take a cumulative sum over the words (32x
+     shorter than the column, :func:`prefix_sum_rows`);
+  2. the word that holds each slot's selected row: the prefix sum of a
+     histogram of those cumulative counts (for slot ``s``, the number of
+     words with at most ``s`` selected rows up to and including them); a
+     binary search on popcounts then finds the bit within the word.
+
+  These steps touch ``rows / 32`` and ``capacity`` values per column instead of
+  ``rows``.
+
+  Args:
+    words: uint32 ``(nwords, cols)`` in :func:`pack_rows`'s layout.
+    capacity: static slots per column (``>= 1``).
+    fill: the row index written into empty slots.
+  """
+  nwords, cols = words.shape
   pc = lax.population_count(words).astype(jnp.int32)  # (nwords, cols)
   incl = prefix_sum_rows(pc)
   total = incl[-1]
@@ -284,7 +332,9 @@ def compact_rows(mask: jax.Array, capacity: int, fill: int = 0) -> Slots:
   wc = jnp.minimum(w, nwords - 1)
   before = jnp.take_along_axis(incl - pc, wc, axis=0)
   word = jnp.take_along_axis(words, wc, axis=0)
-  row = wc * _WORD + _select_bit(word, slot - before)
+  # Materialised: read twice (the slots' rows, and Slots.values's gather),
+  # and XLA would otherwise redo the bit search inside each reader.
+  row = materialize(wc * _WORD + _select_bit(word, slot - before))
   overflow = jnp.sum(total) - jnp.sum(count)
   return Slots(rows=jnp.where(used, row, fill), used=used, count=count, overflow=overflow)
 
