@@ -339,6 +339,23 @@ def test_topk_sampled_threshold_and_overflow():
   np.testing.assert_array_equal(np.flatnonzero(out), sel[:5000])
 
 
+def test_topk_bitmap_layout_marks_exactly_the_sent_entries():
+  """Entry i is bit i % 8 (LSB first) of byte i // 8, set iff entry i is sent; the pad bits are 0.
+
+  Lengths around the 8- and 32-entry boundaries, with and without overflow
+  (capacity 0.01 of a 5% selection: later selected entries are not marked).
+  """
+  for n in (1, 7, 8, 9, 31, 32, 33, 1000, 1003, 4099):
+    x = jax.random.normal(jax.random.PRNGKey(n), (n,))
+    for capacity in (None, 0.01):
+      comp = TopK(fraction=0.05, sample=None, capacity=capacity)
+      p, _, out = _code(comp, x)
+      sent = np.asarray(out) != 0
+      assert p.bitmap.shape == (-(-n // 8),)
+      np.testing.assert_array_equal(np.asarray(p.bitmap), np.packbits(sent, bitorder="little"))
+      assert int(sent.sum()) == min(comp.k(n), comp.slots(n))
+
+
 def test_topk_wire_bytes_and_capacity():
   params = {"w": jnp.zeros((1000,))}
   for wire, expected in (("bitmap", 125 + 4 * 50), ("index", 8 * 50)):

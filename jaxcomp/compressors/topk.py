@@ -15,8 +15,9 @@ residual (``x = g + r``):
 
    * ``wire="bitmap"`` (3LC's prototype, "a bitmap to indicate which state
      changes sparsification has selected, which adds 1 bit per state
-     change"): the bitmap packed eight per byte (``uint8[ceil(n/8)]``) and the
-     selected values as ``float32[K]`` in index order;
+     change"): the bitmap packed eight per byte (``uint8[ceil(n/8)]``, entry
+     ``i`` in bit ``i % 8`` of byte ``i // 8``, LSB first) and the selected
+     values as ``float32[K]`` in index order;
    * ``wire="index"``: ``uint32[K]`` flat indices and ``float32[K]`` values;
 
 4. error feedback (the shared mechanism of :func:`jaxcomp.compress`): what was
@@ -62,20 +63,46 @@ import optax
 from jaxcomp import core
 from jaxcomp import rng
 from jaxcomp import transforms
-from jaxcomp.codecs import bits
 from jaxcomp.compressors import _select
 
 Wire = Literal["bitmap", "index"]
 
 
 class BitmapPayload(NamedTuple):
-  bitmap: jax.Array  # uint8[ceil(n/8)]: 1 = sent, eight per byte, C order
+  bitmap: jax.Array  # uint8[ceil(n/8)]: 1 = sent; entry i is bit i % 8 (LSB first) of byte i // 8
   values: jax.Array  # float32[K]: the sent values in index order, 0 in unused slots
 
 
 class IndexPayload(NamedTuple):
   indices: jax.Array  # uint32[K]: flat indices of the sent values, 0 in unused slots
   values: jax.Array  # float32[K]: the sent values, 0 in unused slots
+
+
+def _keep_rows_below(words: jax.Array, end: jax.Array) -> jax.Array:
+  """``words`` (:func:`_select.pack_rows`'s layout, one column) with the bits of rows ``>= end`` cleared."""
+  keep = jnp.clip(end - 32 * jnp.arange(words.shape[0], dtype=jnp.int32), 0, 32).astype(jnp.uint32)
+  # (1 << keep) - 1 for keep < 32; a shift by 32 is undefined, so the full word separately.
+  low = jnp.where(keep >= 32, jnp.uint32(0xFFFFFFFF), (jnp.uint32(1) << jnp.minimum(keep, 31)) - 1)
+  return words & low
+
+
+def _bitmap_bytes(words: jax.Array, n: int) -> jax.Array:
+  """The bitmap wire, ``uint8[ceil(n/8)]``: entry ``i`` is bit ``i % 8`` (LSB first) of byte ``i // 8``.
+
+  That is the packed words' little-endian bytes (``np.packbits(sent,
+  bitorder="little")``): the words :func:`_select.pack_rows` made for the
+  compaction are the bitmap, with no second pass over the ``n`` entries.
+  """
+  shifts = jnp.arange(0, 32, 8, dtype=jnp.uint32)
+  b = ((words[:, None] >> shifts) & jnp.uint32(0xFF)).astype(jnp.uint8)
+  return b.reshape(-1)[:-(-n // 8)]
+
+
+def _bitmap_words(bitmap: jax.Array, n: int) -> jax.Array:
+  """Inverse of :func:`_bitmap_bytes`: the uint32 words ``(ceil(n/32),)``."""
+  nwords = -(-n // 32)
+  b = jnp.pad(bitmap, (0, 4 * nwords - bitmap.shape[0])).reshape(nwords, 4).astype(jnp.uint32)
+  return b[:, 0] | (b[:, 1] << 8) | (b[:, 2] << 16) | (b[:, 3] << 24)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,15 +165,17 @@ class TopK(core.Compressor):
     del agreed
     flat = x.reshape(-1)
     mask = jnp.logical_and(jnp.abs(flat) >= self.threshold(flat, key), flat != 0)
-    # The first `slots` selected entries in index order (compact_rows: no
+    # The first `slots` selected entries in index order (compact_words: no
     # cumulative sum or scatter over all n entries).
-    s = _select.compact_rows(mask[:, None], self.slots(flat.shape[0]))
+    words = _select.pack_rows(mask[:, None])
+    s = _select.compact_words(words, self.slots(flat.shape[0]))
     values = s.values(flat[:, None])[:, 0].astype(jnp.float32)
     if self.wire == "bitmap":
-      # The sent entries are the selected ones up to the last filled slot's index.
+      # The sent entries are the selected ones up to the last filled slot's
+      # index: the packed mask with every later bit cleared.
       last = jnp.max(jnp.where(s.used[:, 0], s.rows[:, 0], -1))
-      sent = jnp.logical_and(mask, jnp.arange(flat.shape[0], dtype=jnp.int32) <= last)
-      payload = BitmapPayload(bitmap=bits.pack_bits(sent), values=values)
+      payload = BitmapPayload(bitmap=_bitmap_bytes(_keep_rows_below(words[:, 0], last + 1), flat.shape[0]),
+                              values=values)
     else:
       payload = IndexPayload(indices=s.rows[:, 0].astype(jnp.uint32), values=values)
     return payload, {"overflow": s.overflow}
@@ -159,8 +188,7 @@ class TopK(core.Compressor):
     if self.wire == "bitmap":
       # The k-th set bit of the bitmap holds values[k]: find the set bits'
       # indices (no cumulative sum over n) and scatter the K values there.
-      sent = bits.unpack_bits(payload.bitmap, n)
-      s = _select.compact_rows(sent[:, None], payload.values.shape[0])
+      s = _select.compact_words(_bitmap_words(payload.bitmap, n)[:, None], payload.values.shape[0])
       vals = jnp.where(s.used[:, 0], payload.values, 0.0)
       return jnp.zeros((n,), jnp.float32).at[s.rows[:, 0]].add(vals).reshape(shape)
     idx = payload.indices.astype(jnp.int32)
