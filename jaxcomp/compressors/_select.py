@@ -267,18 +267,21 @@ def pack_rows(mask: jax.Array) -> jax.Array:
 
   Word ``w`` of column ``j`` holds rows ``32w … 32w + 31``, row ``32w + b`` in
   bit ``b`` (LSB first); rows past the end are 0 bits. Returns uint32
-  ``(ceil(rows / 32), cols)``, materialised: it is gathered from by
-  :func:`compact_words`, and XLA would otherwise re-pack per gathered word.
+  ``(ceil(rows / 32), cols)``.
+
+  The bits are disjoint, so the word is a sum of the shifted bits: one
+  reduction, into which XLA:CPU fuses the mask's producer (a comparison).
+  It is 1.6-2x faster than OR-ing 32 strided slices, which stored the mask
+  first (measured side by side at 1M entries in 1 column and in 1,024). A
+  reduction also ends the fusion, so :func:`compact_words`' gathers read
+  stored words.
   """
   rows, cols = mask.shape
   nwords = -(-rows // _WORD)
   padded = nwords * _WORD
   m = mask if padded == rows else jnp.concatenate([mask, jnp.zeros((padded - rows, cols), bool)])
-  m = m.reshape(nwords, _WORD, cols)
-  words = m[:, 0, :].astype(jnp.uint32)
-  for b in range(1, _WORD):
-    words = words | (m[:, b, :].astype(jnp.uint32) << jnp.uint32(b))
-  return materialize(words)
+  m = m.reshape(nwords, _WORD, cols).astype(jnp.uint32) << jnp.arange(_WORD, dtype=jnp.uint32)[:, None]
+  return jnp.sum(m, axis=1, dtype=jnp.uint32)
 
 
 def compact_rows(mask: jax.Array, capacity: int, fill: int = 0) -> Slots:
