@@ -64,16 +64,20 @@ def test_kth_largest_matches_a_sort(kmax):
       assert got[j] == want, (t[j], j)
 
 
-def test_prefix_sum_rows_both_paths():
-  """One triangular product (<= 512 rows), blocks of 128 (one level of block totals, or two at 70,001 rows)."""
+def test_prefix_sum_rows_every_path():
+  """Triangular products (<= 512 rows; blocks of 128 with one or two levels of block totals) under a total bound of 2**24; int32 scans without one."""
   rng = np.random.default_rng(0)
   for n, cols, high in ((1, 3, 33), (7, 3, 33), (512, 3, 33), (513, 3, 33), (3000, 3, 33), (70_001, 1, 200)):
     c = rng.integers(0, high, (n, cols)).astype(np.int32)
-    np.testing.assert_array_equal(_select.prefix_sum_rows(jnp.asarray(c)), np.cumsum(c, axis=0))
-  # Column totals up to 2**24 - 1 stay exact.
-  c = np.full((70_001, 1), (2**24 - 1) // 70_001, np.int32)
-  c[-1] += 2**24 - 1 - c.sum()
-  np.testing.assert_array_equal(_select.prefix_sum_rows(jnp.asarray(c)), np.cumsum(c, axis=0))
+    for bound in (2**24, None):
+      np.testing.assert_array_equal(_select.prefix_sum_rows(jnp.asarray(c), bound), np.cumsum(c, axis=0))
+  # A column total of exactly 2**24 stays exact in float32.
+  c = np.full((70_001, 1), 2**24 // 70_001, np.int32)
+  c[-1] += 2**24 - c.sum()
+  np.testing.assert_array_equal(_select.prefix_sum_rows(jnp.asarray(c), 2**24), np.cumsum(c, axis=0))
+  # Totals past 2**24 (here ~1e9) take the int32 scan, exact; float32 would round them.
+  c = rng.integers(0, 30_000, (70_001, 1)).astype(np.int32)
+  np.testing.assert_array_equal(_select.prefix_sum_rows(jnp.asarray(c), int(c.sum())), np.cumsum(c, axis=0))
 
 
 @pytest.mark.parametrize("comp", [

@@ -39,7 +39,7 @@ The view is a plain C-order reshape, so flat index ``i`` of the tensor is row
 from __future__ import annotations
 
 import math
-from typing import NamedTuple, Sequence, Union
+from typing import NamedTuple, Optional, Sequence, Union
 
 import jax
 import jax.numpy as jnp
@@ -229,35 +229,48 @@ def _lower_ones(n: int) -> np.ndarray:
   return np.tri(n, dtype=np.float32)
 
 
-def prefix_sum_rows(counts: jax.Array) -> jax.Array:
-  """Inclusive cumulative sum over axis 0 of non-negative int32 counts.
+_EXACT_F32 = 2**24  # every integer up to this is a float32
 
-  Precondition: every column sums below ``2**24`` (so every partial sum is an
-  exact float32).
+
+def prefix_sum_rows(counts: jax.Array, total_bound: Optional[int] = None) -> jax.Array:
+  """Inclusive cumulative sum over axis 0 of non-negative int32 counts.
 
   ``jnp.cumsum`` over a major axis lowers to a windowed reduction on XLA:CPU
   that ran 100x slower than the memory traffic here (250 ms for a
   ``(128, 4096)`` array fused behind its producer), and a Hillis-Steele scan
   takes ``log2(rows)`` passes, each a kernel of its own (31 of them, ~1.5 ms,
-  in top-k's encode at 1M elements). Instead, products with lower-triangular
-  matrices of ones in float32 (exact for integers below ``2**24``):
+  in top-k's encode at 1M elements). So, when ``total_bound`` (a static
+  bound on every column's sum) is at most ``2**24``, the sums are products
+  with lower-triangular matrices of ones in float32, exact because every
+  partial sum is an integer no larger than the total:
 
   * up to :data:`_SCAN_DIRECT` rows, one product;
   * beyond, blocks of :data:`_SCAN_BLOCK` rows: each block's own prefix sums
     (one batched product), plus the prefix sum of the blocks' totals
     (recursively), a few kernels in all.
+
+  Without such a bound (``None``, or larger), the Hillis-Steele scan in int32.
+
+  Args:
+    counts: int32 ``(rows, ...)``, non-negative.
+    total_bound: static upper bound on each column's sum, or ``None``.
   """
   n = counts.shape[0]
+  if total_bound is None or total_bound > _EXACT_F32:
+    out, k = counts, 1
+    while k < n:
+      out = materialize(out + jnp.concatenate([jnp.zeros((k,) + out.shape[1:], out.dtype), out[:-k]]))
+      k *= 2
+    return out
   if n <= _SCAN_DIRECT:
-    tri = _lower_ones(n)
-    return jnp.dot(tri, counts.astype(jnp.float32), precision=lax.Precision.HIGHEST).astype(jnp.int32)
+    return jnp.dot(_lower_ones(n), counts.astype(jnp.float32), precision=lax.Precision.HIGHEST).astype(jnp.int32)
   b = _SCAN_BLOCK
   nb = -(-n // b)
   blocks = jnp.pad(counts, ((0, nb * b - n),) + ((0, 0),) * (counts.ndim - 1))
   blocks = blocks.reshape((nb, b) + counts.shape[1:]).astype(jnp.float32)
   local = jnp.einsum("ij,nj...->ni...", _lower_ones(b), blocks, precision=lax.Precision.HIGHEST).astype(jnp.int32)
   totals = local[:, -1]
-  before = prefix_sum_rows(totals) - totals  # (nb, ...): the sum of all earlier blocks
+  before = prefix_sum_rows(totals, total_bound) - totals  # (nb, ...): the sum of all earlier blocks
   # Materialised: its readers gather from it, and would otherwise redo the sum per read.
   return materialize((local + before[:, None]).reshape((nb * b,) + counts.shape[1:])[:n])
 
@@ -319,7 +332,7 @@ def compact_words(words: jax.Array, capacity: int, fill: int = 0) -> Slots:
   """
   nwords, cols = words.shape
   pc = lax.population_count(words).astype(jnp.int32)  # (nwords, cols)
-  incl = prefix_sum_rows(pc)
+  incl = prefix_sum_rows(pc, _WORD * nwords)
   total = incl[-1]
   count = jnp.minimum(total, capacity)
   slot = lax.broadcasted_iota(jnp.int32, (capacity, cols), 0)
@@ -330,7 +343,7 @@ def compact_words(words: jax.Array, capacity: int, fill: int = 0) -> Slots:
   # dependent gathers).
   col = lax.broadcasted_iota(jnp.int32, incl.shape, 1)
   hist = jnp.zeros((capacity, cols), jnp.int32).at[incl, col].add(1, mode="drop")
-  w = prefix_sum_rows(hist)
+  w = prefix_sum_rows(hist, nwords)  # the histogram counts words
   used = slot < count[None, :]
   wc = jnp.minimum(w, nwords - 1)
   before = jnp.take_along_axis(incl - pc, wc, axis=0)
