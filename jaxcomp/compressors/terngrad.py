@@ -165,8 +165,8 @@ class TernGrad(core.Compressor):
     if flat.shape[0] % 4 == 0:
       # No padding: the 2-bit packer reads four contiguous quarters, and
       # XLA:CPU runs the hash loop fused into it faster than it stores the
-      # codes first (encode side by side, 1M: 1.05 -> 0.66 ms, 16M: 10.0 ->
-      # 7.7 ms; docs/benchmarks.md). At other lengths the padding makes the
+      # codes first (ternarize + pack side by side, 1M: 1.05 -> 0.66 ms, 16M:
+      # 10.0 -> 7.7 ms; docs/benchmarks.md). At other lengths the padding makes the
       # fused loop 3-4x slower, so the codes are stored.
       codes = ternarize(flat, scale, key, self.rng, bound=bound)
     else:
