@@ -58,6 +58,7 @@ from typing import Any, Literal, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 import optax
 
 from jaxcomp import core
@@ -92,17 +93,16 @@ def _bitmap_bytes(words: jax.Array, n: int) -> jax.Array:
   That is the packed words' little-endian bytes (``np.packbits(sent,
   bitorder="little")``): the words :func:`_select.pack_rows` made for the
   compaction are the bitmap, with no second pass over the ``n`` entries.
+  (Bitcasts between bytes and words are little-endian, as in
+  :func:`jaxcomp.codecs._common.row_masks`.)
   """
-  shifts = jnp.arange(0, 32, 8, dtype=jnp.uint32)
-  b = ((words[:, None] >> shifts) & jnp.uint32(0xFF)).astype(jnp.uint8)
-  return b.reshape(-1)[:-(-n // 8)]
+  return lax.bitcast_convert_type(words, jnp.uint8).reshape(-1)[:-(-n // 8)]
 
 
 def _bitmap_words(bitmap: jax.Array, n: int) -> jax.Array:
   """Inverse of :func:`_bitmap_bytes`: the uint32 words ``(ceil(n/32),)``."""
   nwords = -(-n // 32)
-  b = jnp.pad(bitmap, (0, 4 * nwords - bitmap.shape[0])).reshape(nwords, 4).astype(jnp.uint32)
-  return b[:, 0] | (b[:, 1] << 8) | (b[:, 2] << 16) | (b[:, 3] << 24)
+  return lax.bitcast_convert_type(jnp.pad(bitmap, (0, 4 * nwords - bitmap.shape[0])).reshape(nwords, 4), jnp.uint32)
 
 
 @dataclasses.dataclass(frozen=True)
