@@ -302,8 +302,9 @@ def cleanup_leftovers(verbose: bool = True) -> int:
   if count:
     problems = _remove_objects(stale)
     if verbose:
-      _say(f"removed leftovers of launches no longer running: "
-           f"{', '.join(n for v in stale.values() for n in v)}")
+      kinds = {"netns": "namespaces", "links": "links", "etc": NETNS_ETC}
+      _say("removed leftovers of launches no longer running: " + "; ".join(
+          f"{kinds[k]} {', '.join(v)}" for k, v in stale.items() if v))
     for problem in problems:
       _say(f"could not remove: {problem}")
   elif verbose:

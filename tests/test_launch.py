@@ -1,0 +1,261 @@
+"""experiments.launch: rank-prefixed output, failure handling, emulated links, cleanup.
+
+The --link tests need root and iproute2 (CI has both) and are skipped otherwise.
+What a launch leaves behind is checked with `ip` and /etc/netns directly, not
+with the launcher's own listing.
+"""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from experiments import launch
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+HELLO = """
+import os, sys
+rank, n = os.environ["JAXCOMP_PROCESS_ID"], os.environ["JAXCOMP_NUM_PROCESSES"]
+print(f"hello {rank} of {n} {sys.argv[1:]} {os.environ['JAX_COORDINATOR_ADDRESS']}")
+print(f"note {rank}", file=sys.stderr)
+"""
+
+# Every process runs psum under jax.shard_map over gloo in a loop; rank 1 may
+# SIGKILL itself at step KILL_AT (-1: never).
+COLLECTIVE_LOOP = """
+import os, signal
+from experiments import distributed
+distributed.initialize_from_env()
+import jax
+jax.config.update("jax_cpu_collectives_implementation", "gloo")
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+mesh = jax.make_mesh((jax.device_count(),), ("p",), axis_types=(jax.sharding.AxisType.Auto,))
+x = jax.make_array_from_process_local_data(NamedSharding(mesh, P("p")),
+                                           np.ones((jax.local_device_count(), 4), np.float32))
+f = jax.jit(jax.shard_map(lambda a: jax.lax.psum(a, "p"), mesh=mesh, in_specs=P("p"), out_specs=P()))
+kill_at = int(os.environ.get("KILL_AT", "-1"))
+for step in range(10**9):
+  total = float(np.asarray(f(x).addressable_data(0))[0, 0])
+  assert total == jax.process_count(), total
+  if step in (0, 10):
+    print("step", step, "psum", total, flush=True)
+  if jax.process_index() == 1 and step == kill_at:
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def _env(**extra):
+  env = dict(os.environ, PYTHONPATH=REPO, XLA_FLAGS="", JAX_PLATFORMS="cpu")
+  env.update(extra)
+  return env
+
+
+def _launch(args, timeout=90, **env):
+  """Runs the launcher to the end; returns (CompletedProcess, seconds, launcher pid)."""
+  t0 = time.monotonic()
+  proc = subprocess.Popen([sys.executable, "-m", "experiments.launch", *args], cwd=REPO,
+                          env=_env(**env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  out, err = proc.communicate(timeout=timeout)
+  return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), time.monotonic() - t0, proc.pid
+
+
+class _Running:
+  """A launcher in the background whose output lines are collected as they come."""
+
+  def __init__(self, args, **env):
+    self.proc = subprocess.Popen([sys.executable, "-m", "experiments.launch", *args], cwd=REPO,
+                                 env=_env(**env), stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True)
+    self.lines = []
+    self._reader = threading.Thread(target=self._read, daemon=True)
+    self._reader.start()
+
+  def _read(self):
+    for line in self.proc.stdout:
+      self.lines.append(line)
+
+  def wait_for(self, texts, timeout=60):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+      if all(any(t in line for line in self.lines) for t in texts):
+        return
+      if self.proc.poll() is not None:
+        break
+      time.sleep(0.05)
+    self.proc.kill()
+    pytest.fail(f"never saw {texts}; output:\n{''.join(self.lines)}")
+
+  def finish(self, timeout=60):
+    self.proc.wait(timeout=timeout)
+    self._reader.join(5)
+    return "".join(self.lines)
+
+
+# --------------------------------------------------------------------------- loopback
+
+
+@pytest.mark.parametrize("form", ["-c", "-m", "script"])
+def test_rank_prefixes_and_program_forms(form, tmp_path):
+  (tmp_path / "hello_mod.py").write_text(HELLO)
+  program = {"-c": ["-c", HELLO], "-m": ["-m", "hello_mod"],
+             "script": [str(tmp_path / "hello_mod.py")]}[form]
+  res, _, _ = _launch(["--processes", "3", "--", *program, "a", "--b"],
+                      PYTHONPATH=f"{REPO}{os.pathsep}{tmp_path}")
+  assert res.returncode == 0, res.stderr
+  lines = sorted(res.stdout.splitlines())
+  assert len(lines) == 3, res.stdout
+  coordinator = lines[0].split()[-1]
+  assert coordinator.startswith("127.0.0.1:")
+  assert lines == [f"[rank{r}]: hello {r} of 3 ['a', '--b'] {coordinator}" for r in range(3)]
+  assert sorted(line for line in res.stderr.splitlines() if "note" in line) == [
+      f"[rank{r}]: note {r}" for r in range(3)]
+
+
+def test_failed_rank_ends_the_others():
+  code = ("import os, sys, time\nif os.environ['JAXCOMP_PROCESS_ID'] == '1':\n"
+          "  time.sleep(0.3); sys.exit(3)\ntime.sleep(300)\n")
+  res, seconds, _ = _launch(["--processes", "3", "--grace", "2", "--", "-c", code])
+  assert res.returncode == 3, res.stderr
+  assert seconds < 60
+  assert "rank 1 exited with code 3" in res.stderr
+  assert "ended rank(s) 0, 2" in res.stderr
+
+
+def test_sigkilled_rank_ends_a_jax_collective_loop():
+  res, seconds, _ = _launch(["--processes", "2", "--grace", "3", "--", "-c", COLLECTIVE_LOOP],
+                            KILL_AT="10")
+  assert "[rank0]: step 10 psum 2.0" in res.stdout, res.stdout + res.stderr  # rank 0 was looping
+  assert res.returncode == 128 + signal.SIGKILL, res.stderr
+  assert seconds < 60
+  summary = [line for line in res.stderr.splitlines() if line.startswith("[launch]")]
+  assert len(summary) == 1 and "rank 1 was killed by signal SIGKILL" in summary[0], res.stderr
+  assert "ended rank(s) 0" in summary[0]
+
+
+def test_bad_arguments_are_clear(capsys):
+  with pytest.raises(SystemExit):
+    launch.main(["--processes", "2"])
+  assert "no program: put it after --" in capsys.readouterr().err
+  with pytest.raises(SystemExit):
+    launch.main(["--processes", "2", "--link", "100mb", "--", "-c", "pass"])
+  assert "RATE must be" in capsys.readouterr().err
+  assert launch.parse_link("1gbit,5ms") == launch.LinkSpec("1gbit", "5ms")
+  assert launch.parse_link("10mbps") == launch.LinkSpec("10mbps", None)
+  with pytest.raises(launch.LaunchError, match="DELAY"):
+    launch.parse_link("100mbit,5")
+
+
+def test_link_without_root_or_iproute2_is_a_clear_error(monkeypatch, capsys):
+  argv = ["--processes", "2", "--link", "100mbit", "--", "-c", "pass"]
+  monkeypatch.setattr(launch, "_euid", lambda: 1000)
+  assert launch.main(argv) == 2
+  assert "--link needs root" in capsys.readouterr().err
+  monkeypatch.setattr(launch, "_euid", lambda: 0)
+  monkeypatch.setattr(launch.shutil, "which", lambda tool: None)
+  assert launch.main(argv) == 2
+  assert "needs iproute2" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- --link
+
+needs_link = pytest.mark.skipif(
+    not (hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("ip") and shutil.which("tc")),
+    reason="--link needs root and iproute2 (ip, tc)")
+
+
+def _left_behind(pid):
+  """This launch's namespaces, links and /etc/netns entries that still exist."""
+  tag = f"jaxc{pid}"
+  netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+  links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+  etc = os.listdir("/etc/netns") if os.path.isdir("/etc/netns") else []
+  return ([line for line in netns.splitlines() if tag in line]
+          + [line for line in links.splitlines() if tag in line]
+          + [name for name in etc if name.startswith(tag)])
+
+
+@needs_link
+def test_link_psum_across_namespaces_leaves_nothing():
+  code = ("import socket; print('address', socket.gethostbyname(socket.gethostname()), flush=True)\n"
+          "from experiments.distributed import _self_check; raise SystemExit(_self_check())\n")
+  res, _, pid = _launch(["--processes", "2", "--link", "100mbit", "--", "-c", code])
+  assert res.returncode == 0, res.stdout + res.stderr
+  for r in range(2):  # each process in its own namespace, with its own address
+    assert f"[rank{r}]: address 10.213.0.{r + 1}" in res.stdout
+    assert f"[rank{r}]: process {r} of 2 (1 local devices, 2 in all): psum 3, expected 3: ok" in res.stdout
+  assert _left_behind(pid) == []
+
+
+@needs_link
+def test_link_failure_leaves_nothing():
+  code = "import os, sys; sys.exit(3 if os.environ['JAXCOMP_PROCESS_ID'] == '1' else 0)"
+  res, _, pid = _launch(["--processes", "3", "--link", "1gbit", "--", "-c", code])
+  assert res.returncode == 3 and "rank 1 exited with code 3" in res.stderr, res.stderr
+  assert _left_behind(pid) == []
+
+
+@needs_link
+def test_link_delay_runs_or_says_netem_is_missing():
+  res, _, pid = _launch(["--processes", "2", "--link", "100mbit,2ms", "--", "-c", "print('ran')"])
+  if res.returncode == 0:
+    assert res.stdout.count("ran") == 2
+  else:  # kernels without sch_netem (e.g. some VMs)
+    assert res.returncode == 2 and "no netem qdisc" in res.stderr, res.stderr
+  assert _left_behind(pid) == []
+
+
+@needs_link
+def test_link_down_mid_run_ends_the_run():
+  run = _Running(["--processes", "2", "--link", "1gbit", "--link-timeout", "2", "--grace", "2",
+                  "--", "-c", COLLECTIVE_LOOP])
+  run.wait_for(["[rank0]: step 10", "[rank1]: step 10"])
+  t0 = time.monotonic()
+  subprocess.run(["ip", "-n", f"jaxc{run.proc.pid}r1", "link", "set", "eth0", "down"], check=True)
+  out = run.finish()
+  assert run.proc.returncode == 1, out
+  assert time.monotonic() - t0 < 60
+  assert f"the link of rank 1 (veth jaxc{run.proc.pid}h1" in out and "has been down" in out, out
+  assert _left_behind(run.proc.pid) == []
+
+
+@needs_link
+def test_sigterm_to_the_launcher_cleans_up():
+  run = _Running(["--processes", "2", "--link", "1gbit", "--grace", "2", "--",
+                  "-c", "import time; print('up', flush=True); time.sleep(300)"])
+  run.wait_for(["[rank0]: up", "[rank1]: up"])
+  assert _left_behind(run.proc.pid) != []
+  run.proc.send_signal(signal.SIGTERM)
+  out = run.finish()
+  assert run.proc.returncode == 128 + signal.SIGTERM, out
+  assert "received SIGTERM" in out
+  assert _left_behind(run.proc.pid) == []
+
+
+@needs_link
+def test_cleanup_removes_what_a_killed_launcher_left():
+  run = _Running(["--processes", "2", "--link", "1gbit", "--",
+                  "-c", "import time; print('up', flush=True); time.sleep(300)"])
+  run.wait_for(["[rank0]: up", "[rank1]: up"])
+  pid = run.proc.pid
+  run.proc.kill()  # no chance to clean up; its children die with it (parent-death signal)
+  run.finish()
+  assert _left_behind(pid) != []
+  end = time.monotonic() + 20
+  while time.monotonic() < end and any(
+      subprocess.run(["ip", "netns", "pids", f"jaxc{pid}r{r}"], capture_output=True,
+                     text=True).stdout.strip() for r in range(2)):
+    time.sleep(0.1)
+  for r in range(2):
+    assert subprocess.run(["ip", "netns", "pids", f"jaxc{pid}r{r}"], capture_output=True,
+                          text=True).stdout.strip() == ""
+  res, _, _ = _launch(["--cleanup"])
+  assert res.returncode == 0, res.stderr
+  assert f"jaxc{pid}r0" in res.stderr
+  assert _left_behind(pid) == []
