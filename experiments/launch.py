@@ -188,6 +188,10 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
       p.error(f"--{name.replace('_', '-')} must be at least 1")
   if not 0 <= args.port < 65536:
     p.error(f"--port {args.port} is not a port number")
+  if args.link is not None and args.link_timeout >= args.heartbeat_timeout:
+    print(f"warning: --link-timeout {args.link_timeout:g} is not below --heartbeat-timeout "
+          f"{args.heartbeat_timeout}: JAX may abort on a link down before the launcher names it",
+          file=sys.stderr)
   try:
     args.link = parse_link(args.link) if args.link is not None else None
     _check_program(program)
@@ -451,7 +455,10 @@ class Group:
       with self._lock:
         self.last_output = time.monotonic()
         try:
-          out.buffer.write(prefix + line)
+          if hasattr(out, "buffer"):
+            out.buffer.write(prefix + line)
+          else:  # a text-only stream (e.g. replaced by a test harness)
+            out.write((prefix + line).decode(errors="replace"))
           out.flush()
         except (OSError, ValueError):  # our own output closed: keep draining the pipe
           pass

@@ -139,6 +139,14 @@ def test_sigkilled_rank_ends_a_jax_collective_loop():
   assert "ended rank(s) 0" in summary[0]
 
 
+def test_timeout_no_output_ends_a_silent_run():
+  res, seconds, _ = _launch(["--processes", "2", "--timeout-no-output", "1", "--",
+                             "-c", "import time; time.sleep(300)"])
+  assert res.returncode == 1, res.stderr
+  assert seconds < 60
+  assert "no process wrote a line for 1 s" in res.stderr and "ended rank(s) 0, 1" in res.stderr
+
+
 def test_bad_arguments_are_clear(capsys):
   with pytest.raises(SystemExit):
     launch.main(["--processes", "2"])
