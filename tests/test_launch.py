@@ -5,6 +5,7 @@ What a launch leaves behind is checked with `ip` and /etc/netns directly, not
 with the launcher's own listing.
 """
 
+import json
 import os
 import shutil
 import signal
@@ -145,6 +146,20 @@ def test_timeout_no_output_ends_a_silent_run():
   assert res.returncode == 1, res.stderr
   assert seconds < 60
   assert "no process wrote a line for 1 s" in res.stderr and "ended rank(s) 0, 1" in res.stderr
+
+
+def test_link_benchmark_over_loopback(tmp_path):
+  out = tmp_path / "link.json"
+  res = subprocess.run([sys.executable, "-m", "benchmarks.link", "--processes", "2", "--n", "4096",
+                        "--methods", "none,terngrad", "--trials", "1", "--warmup", "1",
+                        "--json", str(out)], cwd=REPO, env=_env(), capture_output=True, text=True,
+                       timeout=120)
+  assert res.returncode == 0, res.stdout + res.stderr
+  doc = json.loads(out.read_text())
+  assert doc["processes"] == 2 and doc["n"] == 4096
+  wire = {r["method"]: r["bytes_on_wire"] for r in doc["results"]}
+  assert wire["none"] == 4 * 4096  # float32
+  assert 4096 // 4 <= wire["terngrad"] < 4096 // 2  # 2-bit codes and a few scalars
 
 
 def test_bad_arguments_are_clear(capsys):
