@@ -89,6 +89,7 @@ _NAME_RE = re.compile(rf"^{PREFIX}(\d+)(?:r\d+|br|h\d+|n\d+)$")
 _RATE_RE = re.compile(r"^\d+(\.\d+)?([kmgt]?(bit|bps))$", re.IGNORECASE)
 _DELAY_RE = re.compile(r"^\d+(\.\d+)?(s|ms|us)$", re.IGNORECASE)
 _POLL = 0.05  # seconds between checks of the processes and links
+_LINE_RE = re.compile(rb"[^\r\n]*(?:\r\n|\n|\r)")
 
 
 class LaunchError(Exception):
@@ -305,7 +306,7 @@ def cleanup_leftovers(verbose: bool = True) -> int:
   count = sum(len(v) for v in stale.values())
   if count:
     problems = _remove_objects(stale)
-    if verbose:
+    if verbose or count:
       kinds = {"netns": "namespaces", "links": "links", "etc": NETNS_ETC}
       _say("removed leftovers of launches no longer running: " + "; ".join(
           f"{kinds[k]} {', '.join(v)}" for k, v in stale.items() if v))
@@ -448,21 +449,42 @@ class Group:
         self._pumps.append(t)
 
   def _pump(self, rank: int, pipe: IO[bytes], out: IO[str]) -> None:
+    """Re-prints every line of ``pipe`` with the rank in front.
+
+    A line ends at ``\n`` or at a lone ``\r`` (kept), so progress bars that
+    redraw one line with ``\r`` still redraw it, prefix included.
+    """
     prefix = f"[rank{rank}]: ".encode()
-    for line in iter(pipe.readline, b""):
-      if not line.endswith(b"\n"):
-        line += b"\n"
-      with self._lock:
-        self.last_output = time.monotonic()
-        try:
-          if hasattr(out, "buffer"):
-            out.buffer.write(prefix + line)
-          else:  # a text-only stream (e.g. replaced by a test harness)
-            out.write((prefix + line).decode(errors="replace"))
-          out.flush()
-        except (OSError, ValueError):  # our own output closed: keep draining the pipe
-          pass
+    pending, after_cr = b"", False
+    while True:
+      chunk = pipe.read1(1 << 16)
+      pending += chunk
+      lines = _LINE_RE.findall(pending)
+      done = sum(map(len, lines))
+      if not chunk and done < len(pending):
+        lines.append(pending[done:] + b"\n")  # the last line, unterminated
+        done = len(pending)
+      pending = pending[done:]
+      if lines:
+        # A \r\n split between two reads: its \n just ends the line already shown.
+        head = [lines.pop(0)] if after_cr and lines[0] == b"\n" else []
+        self._write(out, b"".join(head + [prefix + line for line in lines]))
+        after_cr = (head + lines)[-1].endswith(b"\r")
+      if not chunk:
+        break
     pipe.close()
+
+  def _write(self, out: IO[str], data: bytes) -> None:
+    with self._lock:
+      self.last_output = time.monotonic()
+      try:
+        if hasattr(out, "buffer"):
+          out.buffer.write(data)
+        else:  # a text-only stream (e.g. replaced by a test harness)
+          out.write(data.decode(errors="replace"))
+        out.flush()
+      except (OSError, ValueError):  # our own output closed: keep draining the pipe
+        pass
 
   def drain(self, timeout: float = 2.0) -> None:
     """Waits (briefly) for the pumps to print what the processes wrote last."""

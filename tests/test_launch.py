@@ -119,6 +119,15 @@ def test_rank_prefixes_and_program_forms(form, tmp_path):
       f"[rank{r}]: note {r}" for r in range(3)]
 
 
+def test_carriage_returns_and_unterminated_lines_keep_the_prefix():
+  code = ("import sys, time\nsys.stdout.write('bar 1\\rbar 2\\r'); sys.stdout.flush(); time.sleep(0.2)\n"
+          "sys.stdout.write('\\nok\\r\\nend')\n")
+  res = subprocess.run([sys.executable, "-m", "experiments.launch", "--processes", "1", "--",
+                        "-c", code], cwd=REPO, env=_env(), capture_output=True, timeout=60)
+  assert res.returncode == 0, res.stderr
+  assert res.stdout == b"[rank0]: bar 1\r[rank0]: bar 2\r\n[rank0]: ok\r\n[rank0]: end\n"
+
+
 def test_failed_rank_ends_the_others():
   code = ("import os, sys, time\nif os.environ['JAXCOMP_PROCESS_ID'] == '1':\n"
           "  time.sleep(0.3); sys.exit(3)\ntime.sleep(300)\n")
