@@ -566,79 +566,106 @@ def _on_signal(signum, frame):  # pylint: disable=unused-argument
     _Stop.signum = signum
 
 
-def supervise(group: Group, args: argparse.Namespace, topology: Topology | None) -> Outcome:
-  """Waits for every process to exit 0, or for the first failure; returns the outcome."""
-  done: dict[int, int] = {}
-  down_since: dict[int, float] = {}
-  while True:
-    if _Stop.signum is not None:
-      name = signal.Signals(_Stop.signum).name
-      return Outcome(128 + _Stop.signum, f"the launcher received {name}: ending the run")
-    new = {r: p.returncode for r, p in enumerate(group.procs)
-           if r not in done and p.poll() is not None}
-    done.update(new)
-    failed = [r for r, code in new.items() if code != 0]
+class Supervisor:
+  """Watches one launch: the launcher's signals, the processes, the links, the output."""
+
+  def __init__(self, group: Group, args: argparse.Namespace, topology: Topology | None):
+    self.group, self.args, self.topology = group, args, topology
+    self.exited: dict[int, int] = {}
+    self.down_since: dict[int, float] = {}
+
+  def run(self) -> Outcome:
+    """Waits for every process to exit 0, or for the first reason to end the run."""
+    while True:
+      outcome = (self.check_signal() or self.check_exits() or self.check_links()
+                 or self.check_output())
+      if outcome is not None:
+        return outcome
+      time.sleep(_POLL)
+
+  def check_signal(self) -> Outcome | None:
+    if _Stop.signum is None:
+      return None
+    name = signal.Signals(_Stop.signum).name
+    return Outcome(128 + _Stop.signum, f"the launcher received {name}: ending the run")
+
+  def check_exits(self) -> Outcome | None:
+    """The first process to fail (exit code or signal), or success when all exited 0."""
+    new = {r: p.returncode for r, p in enumerate(self.group.procs)
+           if r not in self.exited and p.poll() is not None}
+    self.exited.update(new)
+    failed = sorted(r for r, code in new.items() if code != 0)
     if failed:
       # Several seen in one poll: a signal death is more likely the cause than an exit code.
       first = min(failed, key=lambda r: (new[r] > 0, r))
-      msg = describe_exit(first, new[first])
-      others = [describe_exit(r, new[r]) for r in sorted(failed) if r != first]
-      if others:
-        msg += "; " + "; ".join(others)
-      if topology is not None and topology.down_links():
-        msg += f"; the link of rank(s) {topology.down_links()} was down at the time"
+      msg = "; ".join([describe_exit(first, new[first])]
+                      + [describe_exit(r, new[r]) for r in failed if r != first])
+      down = self.topology.down_links() if self.topology is not None else []
+      if down:
+        msg += f"; the link of rank(s) {', '.join(map(str, down))} was down at the time"
       return Outcome(_exit_code(new[first]), msg)
-    if len(done) == len(group.procs):
+    if len(self.exited) == len(self.group.procs):
       return Outcome(0, None)
-    now = time.monotonic()
-    if topology is not None:
-      down = topology.down_links()
-      for r in list(down_since):
-        if r not in down:
-          del down_since[r]
-      for r in down:
-        down_since.setdefault(r, now)
-      late = [r for r, t in down_since.items() if now - t >= args.link_timeout]
-      if late:
-        r = min(late)
-        return Outcome(1, f"the link of rank {r} (veth {topology.host_ends[r]}, namespace "
-                          f"{topology.netns[r]}) has been down for {now - down_since[r]:.0f} s "
-                          f"(--link-timeout {args.link_timeout:g}): ending the run")
-    if args.timeout_no_output and now - group.last_output >= args.timeout_no_output:
-      return Outcome(1, f"no process wrote a line for {args.timeout_no_output:g} s "
-                        "(--timeout-no-output): ending the run as hung")
-    time.sleep(_POLL)
+    return None
+
+  def check_links(self) -> Outcome | None:
+    """A link down for --link-timeout seconds."""
+    if self.topology is None:
+      return None
+    now, down = time.monotonic(), self.topology.down_links()
+    self.down_since = {r: self.down_since.get(r, now) for r in down}
+    late = [r for r, t in self.down_since.items() if now - t >= self.args.link_timeout]
+    if not late:
+      return None
+    r = min(late)
+    return Outcome(1, f"the link of rank {r} (veth {self.topology.host_ends[r]}, namespace "
+                      f"{self.topology.netns[r]}) has been down for "
+                      f"{now - self.down_since[r]:.0f} s (--link-timeout "
+                      f"{self.args.link_timeout:g}): ending the run")
+
+  def check_output(self) -> Outcome | None:
+    """No line from any process for --timeout-no-output seconds."""
+    limit = self.args.timeout_no_output
+    if not limit or time.monotonic() - self.group.last_output < limit:
+      return None
+    return Outcome(1, f"no process wrote a line for {limit:g} s (--timeout-no-output): "
+                      "ending the run as hung")
 
 
 # --------------------------------------------------------------------------- main
 
 
+def _teardown(group: Group | None, topology: Topology | None, grace: float) -> list[int]:
+  """Ends the processes still running, removes the namespaces; returns the ranks ended."""
+  for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # let nothing cut teardown short
+    signal.signal(sig, signal.SIG_IGN)
+  ended = []
+  if group is not None:
+    ended = [r for r, p in enumerate(group.procs) if p.poll() is None]
+    group.end(grace)
+    group.drain()
+  if topology is not None:
+    for problem in topology.remove():
+      _say(f"could not remove: {problem}")
+  return ended
+
+
 def run(args: argparse.Namespace, program: list[str]) -> int:
   """Sets up, starts, supervises and tears down one launch; returns the exit code."""
   topology = group = None
-  outcome = None
-  ended: list[int] = []
   try:
     if args.link is not None:
       require_link_support()
       cleanup_leftovers(verbose=False)
       topology = Topology(os.getpid(), args.processes, args.link)
       topology.create()
-    if _Stop.signum is None:
-      group = start_processes(args, program, topology)
-      outcome = supervise(group, args, topology)
-    else:
+    if _Stop.signum is not None:
       outcome = Outcome(128 + _Stop.signum, "the launcher received a signal during set-up")
+    else:
+      group = start_processes(args, program, topology)
+      outcome = Supervisor(group, args, topology).run()
   finally:
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # let nothing cut teardown short
-      signal.signal(sig, signal.SIG_IGN)
-    if group is not None:
-      ended = [r for r, p in enumerate(group.procs) if p.poll() is None]
-      group.end(args.grace)
-      group.drain()
-    if topology is not None:
-      for problem in topology.remove():
-        _say(f"could not remove: {problem}")
+    ended = _teardown(group, topology, args.grace)
   if outcome.message is not None:
     if ended:
       outcome = outcome._replace(message=f"{outcome.message}; ended rank(s) "
