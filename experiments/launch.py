@@ -12,7 +12,7 @@ Usage::
 Everything after ``--`` goes to the Python interpreter (``sys.executable``):
 ``-m module ...``, a script and its arguments, or ``-c CODE``. Every line a
 process writes is re-printed with its rank, ``[rank1]: ...``, stdout to stdout
-and stderr to stderr.
+and stderr to stderr; a lone ``\r`` ends a line too, so progress bars redraw.
 
 Environment. Each process gets its parent's environment plus
 
@@ -28,7 +28,8 @@ A program turns these into ``jax.distributed.initialize(...)`` by calling
 
 Failures. The launcher watches its processes. When one exits with a non-zero
 code or is killed by a signal, it sends SIGTERM to the others (their whole
-process groups), SIGKILL after ``--grace`` seconds, prints which rank failed
+process groups), SIGKILL after ``--grace`` seconds (JAX's preemption notifier
+catches SIGTERM, so a JAX process usually needs the SIGKILL), prints which rank failed
 and how (``rank 1 was killed by signal SIGKILL (9)``) and exits non-zero: the
 failed process's exit code, or 128 + the signal number. Without the launcher,
 a survivor of a dead peer would wait for JAX's heartbeat timeout (100 s by
@@ -36,7 +37,10 @@ default) and then abort with a C++ stack trace; the launcher also passes a
 shorter ``--heartbeat-timeout`` down. ``--timeout-no-output SECONDS`` ends a
 run in which no process has written a line for that long (a hang). If the
 launcher itself is killed (SIGKILL), its processes die with it (Linux
-parent-death signal).
+parent-death signal). Exit codes: 0 when every process exited 0; the failed
+process's code or 128 + its signal; 1 for a link down or a run without output;
+128 + the signal when the launcher is interrupted (130 for Ctrl-C); 2 for the
+launcher's own errors (no root, no iproute2, a namespace it could not build).
 
 Emulated links (``--link RATE[,DELAY]``, needs root and iproute2). Every
 process runs in its own network namespace (``ip netns exec``), attached by a
@@ -208,15 +212,15 @@ def _euid() -> int:
   return os.geteuid()
 
 
-def require_link_support() -> None:
+def require_link_support(what: str = "--link") -> None:
   """Raises LaunchError unless this process can build namespaces and shape links."""
   if _euid() != 0:
-    raise LaunchError("--link needs root: it creates network namespaces, veth pairs, a bridge "
+    raise LaunchError(f"{what} needs root: --link creates network namespaces, veth pairs, a bridge "
                       "and tc qdiscs, and writes /etc/netns. Run as root (e.g. sudo), or drop "
                       "--link to run over loopback.")
   missing = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
   if missing:
-    raise LaunchError(f"--link needs iproute2 (the `ip` and `tc` commands); not found: "
+    raise LaunchError(f"{what} needs iproute2 (the `ip` and `tc` commands); not found: "
                       f"{', '.join(missing)}. Install it, e.g. `apt-get install iproute2`.")
 
 
@@ -678,7 +682,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   args, program = parse_args(sys.argv[1:] if argv is None else argv)
   if args.cleanup:
     try:
-      require_link_support()
+      require_link_support("--cleanup")
     except LaunchError as e:
       _say(f"error: {e}")
       return 2
