@@ -382,17 +382,20 @@ class Topology:
                 if "unknown" in res.stderr.lower() else "")
         raise LaunchError(f"cannot add DELAY {self.link.delay}: {res.stderr.strip().rstrip('.')}.{hint}")
 
+  @staticmethod
+  def link_up(name: str) -> bool:
+    """Whether a link of the host's namespace is up (and, for a veth, its peer too)."""
+    try:
+      with open(f"/sys/class/net/{name}/operstate") as f:
+        return f.read().strip() == "up"
+    except OSError:
+      return False
+
   def down_links(self) -> list[int]:
     """Ranks whose link is not up (a veth end down or without carrier, or the bridge down)."""
-    def up(name):
-      try:
-        with open(f"/sys/class/net/{name}/operstate") as f:
-          return f.read().strip() == "up"
-      except OSError:
-        return False
-    if not up(self.bridge):
+    if not self.link_up(self.bridge):
       return list(range(self.processes))
-    return [r for r, host in enumerate(self.host_ends) if not up(host)]
+    return [r for r, host in enumerate(self.host_ends) if not self.link_up(host)]
 
   def remove(self) -> list[str]:
     return _remove_objects(launch_objects(self.pid))
@@ -552,6 +555,9 @@ def describe_exit(rank: int, returncode: int) -> str:
     text = f"rank {rank} was killed by signal {name} ({sig})"
     if sig == signal.SIGKILL:
       text += " (from outside the process: `kill -9`, the out-of-memory killer...)"
+    elif sig == signal.SIGABRT:
+      text += (" (JAX aborts so when its coordination service loses a peer, e.g. after the "
+               "heartbeat timeout: see the rank's last lines)")
     return text
   return f"rank {rank} exited with code {returncode}"
 
@@ -622,6 +628,10 @@ class Supervisor:
     if not late:
       return None
     r = min(late)
+    if len(late) == self.topology.processes and not self.topology.link_up(self.topology.bridge):
+      return Outcome(1, f"the bridge {self.topology.bridge} has been down for "
+                        f"{now - self.down_since[r]:.0f} s (--link-timeout "
+                        f"{self.args.link_timeout:g}): ending the run")
     return Outcome(1, f"the link of rank {r} (veth {self.topology.host_ends[r]}, namespace "
                       f"{self.topology.netns[r]}) has been down for "
                       f"{now - self.down_since[r]:.0f} s (--link-timeout "
