@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from experiments import launch
+from experiments import distributed, launch
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -169,6 +169,46 @@ def test_link_benchmark_over_loopback(tmp_path):
   wire = {r["method"]: r["bytes_on_wire"] for r in doc["results"]}
   assert wire["none"] == 4 * 4096  # float32
   assert 4096 // 4 <= wire["terngrad"] < 4096 // 2  # 2-bit codes and a few scalars
+
+
+def test_heartbeat_timeout_from_env_shortens_a_survivors_wait(tmp_path):
+  # No launcher: the survivor of a SIGKILLed peer fails its gloo collective at
+  # once, then hangs until the coordination service declares the peer dead
+  # (JAX's default heartbeat timeout: 100 s). JAXCOMP_HEARTBEAT_TIMEOUT=5
+  # through initialize_from_env must end it far sooner.
+  port = launch._free_port()
+  t0 = time.monotonic()
+  procs = [subprocess.Popen([sys.executable, "-c", COLLECTIVE_LOOP], cwd=REPO,
+                            env=_env(KILL_AT="10", JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
+                                     JAXCOMP_NUM_PROCESSES="2", JAXCOMP_PROCESS_ID=str(i),
+                                     JAXCOMP_HEARTBEAT_TIMEOUT="5"),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+           for i in range(2)]
+  try:
+    out0 = procs[0].communicate(timeout=60)[0]
+  finally:
+    for p in procs:
+      p.kill()
+      p.wait()
+  assert procs[1].returncode == -signal.SIGKILL
+  assert "step 10 psum 2.0" in out0, out0
+  assert procs[0].returncode != 0
+  assert time.monotonic() - t0 < 50, out0[-2000:]
+
+
+def test_launch_env_reads_and_checks_the_variables():
+  env = {"JAX_COORDINATOR_ADDRESS": "10.0.0.1:1234", "JAXCOMP_NUM_PROCESSES": "4",
+         "JAXCOMP_PROCESS_ID": "3", "JAXCOMP_HEARTBEAT_TIMEOUT": "7"}
+  assert distributed.launch_env(env) == distributed.LaunchEnv("10.0.0.1:1234", 4, 3, 7, None, None)
+  assert distributed.launch_env({}) is None
+  for bad, match in (({"JAXCOMP_PROCESS_ID": "4"}, "must be below"),
+                     ({"JAXCOMP_PROCESS_ID": ""}, "is not"),
+                     ({"JAXCOMP_NUM_PROCESSES": "two"}, "not an integer"),
+                     ({"JAX_COORDINATOR_ADDRESS": "10.0.0.1"}, "HOST:PORT"),
+                     ({"JAXCOMP_HEARTBEAT_TIMEOUT": "0"}, "at least 1")):
+    with pytest.raises(ValueError, match=match):
+      distributed.launch_env({**env, **bad})
+  assert not distributed.initialize_from_env()  # this test process is not launched
 
 
 def test_bad_arguments_are_clear(capsys):
