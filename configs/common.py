@@ -157,7 +157,7 @@ def base_config() -> ml_collections.ConfigDict:
   # -- data parallelism --
   c.workers = 8  # N simulated/real workers, laid over the available devices (vmap inside each)
   c.batch_size = 64  # the TOTAL batch per step over all workers (each worker: batch_size / workers)
-  c.max_devices = 0  # use at most this many local devices (0: all); workers are vmapped within each
+  c.max_devices = 0  # use at most this many devices per process (0: all); workers are vmapped within each
 
   # -- optimisation --
   c.optimizer = "momentum"  # "sgd", "momentum", "adam", "adagrad"

@@ -38,6 +38,11 @@ global batches in the same order as a single-process run. Metrics, the
 summary and the config are written by process 0; every process takes part in
 the (orbax) checkpoints. One process or several, with the same config and
 seed a run computes the same numbers (``tests/test_multiprocess_train.py``).
+When a process dies, the others stop within
+``config.distributed.heartbeat_timeout_seconds`` (a collective with it fails
+at once, the coordination service then ends them); started again with the
+same workdir, the run resumes from its last checkpoint and ends as if nothing
+had happened.
 
 Outputs in ``workdir``:
 

@@ -136,3 +136,10 @@ def test_bad_distributed_settings_fail_clearly(clean_env, env, message):
     clean_env.setenv(k, v)
   with pytest.raises(ValueError, match=message):
     train.distributed_settings(_config())
+
+
+def test_mesh_lays_workers_over_devices():
+  """The largest divisor of the workers the (8) devices allow, at most max_devices."""
+  assert [train.make_mesh(n).size for n in (8, 10, 7, 16, 1)] == [8, 5, 7, 8, 1]
+  assert train.make_mesh(8, max_devices=3).size == 2
+  assert list(train.make_mesh(4).devices) == jax.devices()[:4]
