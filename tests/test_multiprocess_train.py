@@ -27,6 +27,8 @@ import pytest
 
 from experiments import train
 
+pytestmark = pytest.mark.slow  # worker processes: a minute or more on two cores
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 NPROC = 2
