@@ -1,7 +1,6 @@
 """Defaults shared by every experiment config.
 
-Each experiment config (one per paper experiment, see ``../shared/EXPERIMENTS.md``
-and ``docs/results.md``) starts from :func:`base_config` and sets the paper's
+Each experiment config (one per paper experiment, see ``docs/results.md``) starts from :func:`base_config` and sets the paper's
 settings. Every key is documented here; ``experiments/train.py`` validates the
 whole config before anything is compiled, and ml_collections rejects overrides
 of keys that do not exist (``--config.no_such_key=1`` is an error).
@@ -46,7 +45,10 @@ def offline_dataset() -> str:
 
 
 def set_terngrad(c: ml_collections.ConfigDict) -> None:
-  """TernGrad as every TernGrad experiment runs it (papers/terngrad.md §3.3, §4).
+  """TernGrad as every TernGrad experiment runs it.
+
+  Wen et al., "TernGrad: Ternary Gradients to Reduce Communication in
+  Distributed Deep Learning", NeurIPS 2017 (arXiv:1705.07878), §3.3 and §4.
 
   Clipping at c = 2.5 standard deviations (Eq. 21, "use the constant in all our
   experiments"), scalar sharing, and an exponential moving average of the
@@ -77,7 +79,7 @@ def set_grey_stand_in(c: ml_collections.ConfigDict, image_size: int) -> None:
 
 def imagenet_config(experiment: str, model: str, augment: str, dataset: str,
                     dropout_rate: float) -> ml_collections.ConfigDict:
-  """What TernGrad's ImageNet experiments share (papers/terngrad.md §4.2).
+  """What TernGrad's ImageNet experiments share (TernGrad, arXiv:1705.07878, §4.2).
 
   "All DNNs are trained by momentum SGD [0.9] with Batch Normalization on
   convolutional layers"; TernGrad as :func:`set_terngrad` with the last
@@ -137,7 +139,7 @@ def is_grey_28(dataset: str) -> bool:
 
 def base_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
-  c.experiment = ""  # experiment id of EXPERIMENTS.md (e.g. "TG-F3"), for reports
+  c.experiment = ""  # experiment id (e.g. "TG-F3", see docs/results.md), for reports
   c.seed = 0  # parameters, data order, augmentation and compression keys all derive from it
 
   # -- data (jaxcomp.data) --
@@ -155,7 +157,7 @@ def base_config() -> ml_collections.ConfigDict:
   # -- data parallelism --
   c.workers = 8  # N simulated/real workers, laid over the available devices (vmap inside each)
   c.batch_size = 64  # the TOTAL batch per step over all workers (each worker: batch_size / workers)
-  c.max_devices = 0  # use at most this many local devices (0: all); workers are vmapped within each
+  c.max_devices = 0  # use at most this many devices per process (0: all); workers are vmapped within each
 
   # -- optimisation --
   c.optimizer = "momentum"  # "sgd", "momentum", "adam", "adagrad"
@@ -209,4 +211,33 @@ def base_config() -> ml_collections.ConfigDict:
   c.checkpoint_keep = 2  # checkpoints kept
   c.profile_steps = 0  # > 0: time this many extra steps at the end, split into compute and exchange
   c.progress = True  # a progress bar on stderr
+
+  # -- several processes (experiments.train: jax.distributed.initialize) --
+  c.distributed = distributed_config()
   return c
+
+
+def distributed_config() -> ml_collections.ConfigDict:
+  """How ``experiments.train`` starts multi-process JAX (``jax.distributed.initialize``).
+
+  A run is multi-process when these keys, the environment
+  (``JAX_COORDINATOR_ADDRESS``, ``JAXCOMP_NUM_PROCESSES``,
+  ``JAXCOMP_PROCESS_ID``) or a SLURM / Open MPI job of more than one task say
+  so; the keys override the environment. Unset keys are left to JAX (its
+  cluster auto-detection fills them in).
+  """
+  d = ml_collections.ConfigDict()
+  d.coordinator_address = config_dict.placeholder(str)  # "host:port" of process 0's coordinator
+  d.num_processes = config_dict.placeholder(int)  # 1: single-process, whatever the environment says
+  d.process_id = config_dict.placeholder(int)  # this process, 0 .. num_processes - 1
+  # How long the coordination service waits for a silent process before
+  # declaring it dead and stopping the others (JAX's default: 100 s). Lower it
+  # to learn of a killed peer sooner, so a restart can resume from the last
+  # checkpoint; too low a value kills runs whose processes stall (e.g. long
+  # compiles or checkpoint writes block heartbeats).
+  d.heartbeat_timeout_seconds = 100
+  d.initialization_timeout_seconds = 300  # how long to wait for every process to connect
+  # A JAX cluster detection method to force ("slurm", "ompi", "mpi4py", "k8s",
+  # "gce_tpu", "gke_tpu"); None: SLURM and Open MPI are detected automatically.
+  d.cluster_detection_method = config_dict.placeholder(str)
+  return d

@@ -8,16 +8,41 @@ Usage::
 
 ``train_and_evaluate(config, workdir)`` is importable (the Flax examples' layout).
 
-How a step runs. ``config.workers`` workers are laid over the available
-devices: ``D`` devices (the largest divisor of N not above the device count)
-each hold ``N / D`` workers, simulated with ``vmap`` inside a ``shard_map``
-over the device mesh. Every worker computes gradients on its own
-``batch_size / N`` examples; the compression transform (first link of the
+How a step runs. ``config.workers`` workers are laid over the devices of a
+mesh: ``D`` devices each hold ``N / D`` workers, simulated with ``vmap``
+inside a ``shard_map`` over the mesh. Every worker computes gradients on its
+own ``batch_size / N`` examples; the compression transform (first link of the
 optax chain) quantizes them, moves the packed codes with ``lax.all_gather``
 over the axes ``("devices", "workers")`` and returns the average, so the
 parameters and the optimizer state stay identical on every worker ("parameter
 localization", TernGrad §3.1) and are stored once; only the compressors'
 worker-local state (error-feedback residuals) has a worker axis.
+
+Several processes. A run is multi-process when any of these says so, and then
+``jax.distributed.initialize`` is called before anything touches a device:
+
+* the environment: ``JAX_COORDINATOR_ADDRESS`` (``host:port`` of process 0's
+  coordinator; JAX reads it too), ``JAXCOMP_NUM_PROCESSES`` and
+  ``JAXCOMP_PROCESS_ID`` (JAX 0.10 reads no variables for these two, so this
+  trainer does; a launcher sets all three);
+* a SLURM job step or an Open MPI job of more than one task (``SLURM_NTASKS``,
+  ``OMPI_COMM_WORLD_SIZE``): JAX's own cluster detection supplies the rest;
+* ``--config.distributed.*`` (``configs/common.py``), which overrides both.
+
+JAX itself also reads ``JAX_LOCAL_DEVICE_IDS`` and
+``JAX_COORDINATOR_BIND_ADDRESS``. The mesh then spans every process's devices
+(the same number from each, process by process), so process ``p`` holds
+workers ``p * N/P .. (p+1) * N/P - 1``, and reads only their examples: the
+``p``-th slice of every global batch (``jaxcomp.data.pipeline``), the same
+global batches in the same order as a single-process run. Metrics, the
+summary and the config are written by process 0; every process takes part in
+the (orbax) checkpoints. One process or several, with the same config and
+seed a run computes the same numbers (``tests/test_multiprocess_train.py``).
+When a process dies, the others stop within
+``config.distributed.heartbeat_timeout_seconds`` (a collective with it fails
+at once, the coordination service then ends them); started again with the
+same workdir, the run resumes from its last checkpoint and ends as if nothing
+had happened.
 
 Outputs in ``workdir``:
 
@@ -31,6 +56,8 @@ Outputs in ``workdir``:
 from __future__ import annotations
 
 import csv
+import dataclasses
+import functools
 import inspect
 import json
 import math
@@ -38,7 +65,7 @@ import os
 import re
 import sys
 import time
-from typing import Any, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 from absl import app
 from absl import flags
@@ -58,6 +85,10 @@ from jaxcomp import models as models_lib
 from jaxcomp import parallel
 
 AXES = ("devices", "workers")
+
+ENV_COORDINATOR_ADDRESS = "JAX_COORDINATOR_ADDRESS"
+ENV_NUM_PROCESSES = "JAXCOMP_NUM_PROCESSES"
+ENV_PROCESS_ID = "JAXCOMP_PROCESS_ID"
 
 CSV_DOC = {
     "step": "training step after which the row was written (1-based)",
@@ -85,6 +116,109 @@ class TrainState(NamedTuple):
 
 
 # ----------------------------------------------------------------------------
+# Several processes.
+
+
+def _env_int(name: str) -> Optional[int]:
+  value = os.environ.get(name, "").strip()
+  if not value:
+    return None
+  try:
+    return int(value)
+  except ValueError:
+    raise ValueError(f"${name}={value!r} is not an integer.") from None
+
+
+def _cluster_tasks() -> int:
+  """Tasks of the SLURM job step or Open MPI job this process belongs to (1 if none).
+
+  The same variables JAX's cluster detection reads; only a job of more than
+  one task makes the run multi-process (a one-task job stays single-process).
+  """
+  if "SLURM_JOB_ID" in os.environ and "SLURM_STEP_NODELIST" in os.environ:
+    return _env_int("SLURM_NTASKS") or 1
+  if "OMPI_MCA_orte_hnp_uri" in os.environ:
+    return _env_int("OMPI_COMM_WORLD_SIZE") or 1
+  return 1
+
+
+def distributed_settings(config: ml_collections.ConfigDict) -> Optional[dict[str, Any]]:
+  """The arguments of ``jax.distributed.initialize`` for this run, or None (one process).
+
+  ``config.distributed`` overrides the environment (see the module docstring);
+  what neither gives is left to JAX's cluster detection.
+
+  Raises:
+    ValueError: inconsistent or incomplete settings.
+  """
+  d = config.get("distributed") or ml_collections.ConfigDict()
+  address = d.get("coordinator_address") or os.environ.get(ENV_COORDINATOR_ADDRESS) or None
+  num = d.get("num_processes")
+  num = _env_int(ENV_NUM_PROCESSES) if num is None else num
+  pid = d.get("process_id")
+  pid = _env_int(ENV_PROCESS_ID) if pid is None else pid
+  method = d.get("cluster_detection_method")
+  if num == 1:
+    return None
+  if num is None and method is None:
+    if _cluster_tasks() > 1:
+      pass  # JAX detects the address, count and id of a SLURM / Open MPI job.
+    elif address is None and pid is None:
+      return None
+    else:
+      raise ValueError(
+          f"Bad config: a coordinator address or process id is set but not the number of "
+          f"processes; set ${ENV_NUM_PROCESSES} and ${ENV_PROCESS_ID} (or "
+          f"--config.distributed.num_processes / process_id), or unset ${ENV_COORDINATOR_ADDRESS}.")
+  if num is not None and (num < 1 or (pid is not None and not 0 <= pid < num)):
+    raise ValueError(f"Bad config: process_id={pid} must be in [0, num_processes={num}).")
+  heartbeat = d.get("heartbeat_timeout_seconds", 100)
+  if heartbeat < 1:
+    raise ValueError(f"Bad config: distributed.heartbeat_timeout_seconds must be >= 1, got {heartbeat}.")
+  return dict(coordinator_address=address, num_processes=num, process_id=pid,
+              cluster_detection_method=method, heartbeat_timeout_seconds=heartbeat,
+              initialization_timeout=d.get("initialization_timeout_seconds", 300))
+
+
+def initialize_distributed(config: ml_collections.ConfigDict) -> bool:
+  """Starts multi-process JAX if this run is multi-process; returns whether it is.
+
+  Idempotent: a process where ``jax.distributed`` is already initialized (by
+  an earlier call, or by its launcher) is left as it is. Must run before
+  anything touches a device (``train_and_evaluate`` calls it first).
+
+  Raises:
+    RuntimeError: the run is multi-process but a device was already used.
+  """
+  if jax.distributed.is_initialized():
+    return True
+  settings = distributed_settings(config)
+  if settings is None:
+    return False
+  # XLA:CPU moves cross-process collectives through gloo (JAX 0.10's default;
+  # set for releases without one). GPU and TPU backends ignore this option.
+  if jax.config.jax_cpu_collectives_implementation is None:
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  try:
+    jax.distributed.initialize(**settings)
+  except RuntimeError as e:
+    if "before" in str(e):
+      raise RuntimeError(
+          "This run is multi-process, but JAX already used a device in this process: call "
+          "experiments.train.initialize_distributed(config) before any JAX computation.") from e
+    raise
+  logging.info("jax.distributed: process %d of %d, %d local / %d global devices",
+               jax.process_index(), jax.process_count(), jax.local_device_count(),
+               jax.device_count())
+  return True
+
+
+def is_writer() -> bool:
+  """Whether this process writes the run's files (process 0)."""
+  return jax.process_index() == 0
+
+
+# ----------------------------------------------------------------------------
 # Configuration checks (before anything is compiled).
 
 OPTIMIZERS = ("sgd", "momentum", "adam", "adagrad")
@@ -102,15 +236,20 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   def bad(msg):
     raise ValueError(f"Bad config: {msg}")
 
+  n_proc = jax.process_count()
   if not isinstance(config.workers, int) or config.workers < 1:
     bad(f"workers must be a positive integer, got {config.workers!r}.")
   if config.batch_size < 1 or config.batch_size % config.workers:
     bad(f"batch_size={config.batch_size} (the total over workers) must be a positive multiple "
         f"of workers={config.workers}.")
-  if config.batch_size % jax.process_count():
-    bad(f"batch_size={config.batch_size} must divide over {jax.process_count()} processes.")
+  if config.workers % n_proc:
+    bad(f"workers={config.workers} must divide over {n_proc} processes (each holds "
+        "workers / processes of them).")
   if config.dataset not in data_lib.DATASETS:
     bad(f"unknown dataset {config.dataset!r}; known: {', '.join(sorted(data_lib.DATASETS))}.")
+  if eval_batch_size(config) % n_proc:
+    bad(f"the eval batch ({eval_batch_size(config)}: eval_batch_size, at most the test split) "
+        f"must divide over {n_proc} processes.")
   if config.model not in models_lib.MODELS:
     bad(f"unknown model {config.model!r}; known: {', '.join(models_lib.MODELS)}.")
   if config.compressor not in jaxcomp.names():
@@ -143,6 +282,11 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     bad(f"max_devices must be >= 0 (0: all), got {config.max_devices}.")
   if config.log_every < 1:
     bad(f"log_every must be >= 1, got {config.log_every}.")
+
+
+def eval_batch_size(config: ml_collections.ConfigDict) -> int:
+  """The global eval batch: ``config.eval_batch_size``, at most the test split."""
+  return min(config.eval_batch_size, data_lib.get_spec(config.dataset).num_examples("test"))
 
 
 # ----------------------------------------------------------------------------
@@ -273,16 +417,20 @@ def make_loss_fn(config, model, num_classes, has_bn):
   return loss_fn
 
 
-def worker_gradients(config, loss_fn, params, batch_stats, images, labels, key):
-  """One worker's gradients, with weight decay when ``weight_decay_mode == "loss"``.
+def loss_and_grad(config, loss_fn, params, batch_stats, images, labels, key):
+  """One worker's loss and gradients, with weight decay when ``weight_decay_mode == "loss"``.
 
   The L2 term ``0.5 * wd * ||w||^2`` of the papers' Caffe/TensorFlow losses
   contributes ``wd * w`` to every worker's gradient (so it is part of what gets
   compressed); it is added after differentiating the data loss, which is the
   same gradient and lets XLA keep the data part fused.
+
+  Returns:
+    ``(grads, loss, logits, new_vars)``: ``loss`` is the data loss (without the
+    L2 term), ``new_vars`` the updated batch-norm statistics (if any).
   """
-  grads, (loss, (logits, new_vars)) = jax.grad(lambda p: (lambda l, a: (l, (l, a)))(
-      *loss_fn(p, batch_stats, images, labels, key)), has_aux=True)(params)
+  (loss, (logits, new_vars)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+      params, batch_stats, images, labels, key)
   if config.weight_decay and config.weight_decay_mode == "loss":
     grads = jax.tree.map(lambda g, w, on: g + config.weight_decay * w if on else g,
                          grads, params, decay_mask(config, params))
@@ -293,7 +441,9 @@ def make_train_step(config, model, tx, mesh, opt_state_template, num_classes, bn
   """Returns a jitted ``step(state, images[N,b,...], labels[N,b], key) -> (state, metrics)``.
 
   ``bn_template`` is the model's ``batch_stats`` (empty for models without
-  batch norm).
+  batch norm). The step donates ``state``: the parameters, optimizer state
+  and EMA it replaces are updated in place, not held twice; the caller must
+  not use a state after passing it.
   """
   has_bn = bool(jax.tree.leaves(bn_template))
   loss_fn = make_loss_fn(config, model, num_classes, has_bn)
@@ -302,8 +452,8 @@ def make_train_step(config, model, tx, mesh, opt_state_template, num_classes, bn
 
   def worker(params, batch_stats, opt_state, images, labels, key):
     key = jax.random.fold_in(key, parallel.axis_index(AXES))
-    grads, loss, logits, new_vars = worker_gradients(config, loss_fn, params, batch_stats, images,
-                                                     labels, key)
+    grads, loss, logits, new_vars = loss_and_grad(config, loss_fn, params, batch_stats, images,
+                                                  labels, key)
     updates, opt_state = tx.update(grads, opt_state, params)
     params = optax.apply_updates(params, updates)
     if has_bn:
@@ -324,7 +474,7 @@ def make_train_step(config, model, tx, mesh, opt_state_template, num_classes, bn
   )
   bn_bytes = jaxcomp.core.tree_nbytes(bn_template)
 
-  @jax.jit
+  @functools.partial(jax.jit, donate_argnums=(0,))
   def step(state: TrainState, images, labels, key):
     params, batch_stats, opt_state, m = sharded(
         state.params, state.batch_stats, state.opt_state, images, labels, key)
@@ -339,6 +489,10 @@ def make_train_step(config, model, tx, mesh, opt_state_template, num_classes, bn
     return new_state, metrics
 
   return step
+
+
+# ----------------------------------------------------------------------------
+# Evaluation.
 
 
 def make_eval_step(model, num_classes, has_bn):
@@ -359,18 +513,473 @@ def make_eval_step(model, num_classes, has_bn):
 
 
 def evaluate(eval_step, params, batch_stats, pipeline) -> dict[str, float]:
-  totals = {"loss": 0.0, "correct": 0.0, "correct_top5": 0.0, "count": 0.0}
+  """Loss and top-1/top-5 accuracy over the whole test split.
+
+  Each process evaluates its own slice of every eval batch on one of its
+  devices (``params`` may be global: this process's copy is used); the
+  processes' sums are then added up.
+  """
+  params, batch_stats = _local_copy(params), _local_copy(batch_stats)
+  keys = ("loss", "correct", "correct_top5", "count")
+  totals = {k: 0.0 for k in keys}
   for batch in pipeline.reset():
     out = jax.device_get(eval_step(params, batch_stats, batch["image"], batch["label"], batch["mask"]))
     for k in totals:
       totals[k] += float(out[k])
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+
+    summed = np.sum(multihost_utils.process_allgather(np.array([totals[k] for k in keys])), axis=0)
+    totals = dict(zip(keys, summed.tolist()))
   n = max(totals["count"], 1.0)
   return {"loss": totals["loss"] / n, "accuracy": totals["correct"] / n,
           "top5_accuracy": totals["correct_top5"] / n, "count": totals["count"]}
 
 
+def _local_copy(tree):
+  """This process's copy of a replicated (global) pytree, on one of its devices."""
+  return jax.tree.map(lambda a: a.addressable_data(0) if isinstance(a, jax.Array) else a, tree)
+
+
+# ----------------------------------------------------------------------------
+# Build: mesh, data, model, optimizer, state and compiled steps.
+
+
+def make_mesh(workers: int, max_devices: int = 0) -> jax.sharding.Mesh:
+  """The global mesh ``("devices",)`` the workers are laid over.
+
+  Every process contributes the same number ``d`` of its devices (the largest
+  divisor of ``workers / processes`` that it has, at most ``max_devices``),
+  process by process, so process ``p`` holds the ``p``-th contiguous block of
+  workers: the examples of the ``p``-th slice of every global batch.
+  """
+  by_process: dict[int, list[Any]] = {}
+  for dev in sorted(jax.devices(), key=lambda d: (d.process_index, d.id)):
+    by_process.setdefault(dev.process_index, []).append(dev)
+  available = min(len(devs) for devs in by_process.values())
+  if max_devices:
+    available = min(available, max_devices)
+  per_process = num_devices_for(workers // len(by_process), available)
+  devices = [dev for p in sorted(by_process) for dev in by_process[p][:per_process]]
+  return jax.sharding.Mesh(np.array(devices), ("devices",),
+                           axis_types=(jax.sharding.AxisType.Auto,))
+
+
+def state_shardings(mesh: jax.sharding.Mesh, state: TrainState) -> TrainState:
+  """Replicated everywhere, but worker-local optimizer state split over ``"devices"``."""
+  repl = NamedSharding(mesh, P())
+  return TrainState(
+      repl, jax.tree.map(lambda _: repl, state.params),
+      jax.tree.map(lambda _: repl, state.batch_stats),
+      jax.tree.map(lambda s: NamedSharding(mesh, s), parallel.worker_specs(state.opt_state, "devices")),
+      jax.tree.map(lambda _: repl, state.ema_params))
+
+
+def _to_global(tree, shardings):
+  """Host values, identical in every process, as (global) arrays laid out by ``shardings``.
+
+  Every leaf gets its own buffer (the step donates them: two leaves must not
+  share one, as the initial EMA and parameters otherwise would).
+  """
+
+  def put(x, sharding):
+    x = np.array(x)  # a private host copy
+    return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
+
+  return jax.tree.map(put, tree, shardings)
+
+
+def _host_state(config, tx, variables) -> TrainState:
+  """The state at step 0, as this process computes it (the same in every process)."""
+  params = variables["params"]
+  opt_state = parallel.replicate_workers(tx.init(params), config.workers)
+  ema = params if config.ema_decay > 0 else {}
+  return TrainState(jnp.zeros((), jnp.int32), params, variables.get("batch_stats", {}), opt_state, ema)
+
+
+def initial_state(config, tx, variables, abstract: TrainState) -> TrainState:
+  """The state at step 0, laid out as ``abstract``."""
+  return _to_global(_host_state(config, tx, variables), jax.tree.map(lambda a: a.sharding, abstract))
+
+
+def abstract_state(config, mesh, tx, variables) -> TrainState:
+  """Shapes, dtypes and shardings of the state, computing nothing."""
+  shapes = jax.eval_shape(lambda v: _host_state(config, tx, v), variables)
+  return jax.tree.map(lambda s, sharding: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding),
+                      shapes, state_shardings(mesh, shapes))
+
+
+@dataclasses.dataclass
+class Run:
+  """What :func:`build` makes: everything a run needs besides its state."""
+
+  config: ml_collections.ConfigDict
+  workdir: str
+  mesh: jax.sharding.Mesh
+  spec: Any  # the dataset's DatasetSpec
+  image_shape: tuple[int, ...]
+  pipeline_kwargs: dict[str, Any]
+  eval_pipeline: data_lib.Pipeline
+  model: Any
+  state: TrainState  # abstract: shapes, dtypes, shardings (jax.ShapeDtypeStruct)
+  init_state: Callable[[], TrainState]  # the state at step 0
+  train_step: Any
+  eval_step: Any
+  schedule: optax.Schedule
+  step_root: jax.Array  # the per-step keys are fold_in(step_root, step)
+  checkpointer: Optional["_Checkpointer"]
+
+  @property
+  def has_bn(self) -> bool:
+    return bool(jax.tree.leaves(self.state.batch_stats))
+
+  def shard_batch(self, batch):
+    """This process's slice of a global batch -> global ``[workers, b, ...]`` arrays."""
+    c, local_workers = self.config, self.config.workers // jax.process_count()
+    b = c.batch_size // c.workers
+    sharding = NamedSharding(self.mesh, P("devices"))
+    img = batch["image"].reshape((local_workers, b) + self.image_shape)
+    lab = batch["label"].reshape((local_workers, b))
+    return (jax.make_array_from_process_local_data(sharding, img),
+            jax.make_array_from_process_local_data(sharding, lab))
+
+  def eval_params(self, state: TrainState):
+    return state.ema_params if self.config.eval_with_ema else state.params
+
+
+def build(config: ml_collections.ConfigDict, workdir: str) -> Run:
+  """Sets the run up in named steps; nothing is trained yet."""
+  _write_config(config, workdir)
+  mesh = make_mesh(config.workers, config.max_devices)
+  spec = data_lib.get_spec(config.dataset)
+  pipeline_kwargs = dict(seed=config.seed, augment=config.augment, data_dir=config.data_dir,
+                         image_size=config.image_size, channels=config.channels,
+                         process_index=jax.process_index(), process_count=jax.process_count())
+  image_shape = tuple(data_lib.output_image_shape(config.dataset, config.augment,
+                                                  config.image_size, config.channels))
+  # The eval pipeline first: absent data (ImageNet here) fails at once, before the model is built.
+  eval_pipeline = data_lib.make_pipeline(config.dataset, "test", train=False,
+                                         global_batch_size=eval_batch_size(config), **pipeline_kwargs)
+  model = models_lib.get_model(config.model, spec.num_classes, **config.model_kwargs.to_dict())
+  init_key, step_root = jax.random.split(jax.random.PRNGKey(config.seed))
+  variables = model.init({"params": init_key, "dropout": init_key},
+                         jnp.zeros((1,) + image_shape, jnp.float32), train=False)
+  tx = make_tx(config, AXES)
+  state = abstract_state(config, mesh, tx, variables)
+  init_state = functools.partial(initial_state, config, tx, variables, state)
+  train_step = make_train_step(config, model, tx, mesh, state.opt_state, spec.num_classes,
+                               state.batch_stats)
+  eval_step = make_eval_step(model, spec.num_classes, bool(jax.tree.leaves(state.batch_stats)))
+  checkpointer = (_Checkpointer(os.path.join(workdir, "checkpoints"), config)
+                  if config.checkpoint_every else None)
+  run = Run(config, workdir, mesh, spec, image_shape, pipeline_kwargs, eval_pipeline, model, state,
+            init_state, train_step, eval_step, make_schedule(config), step_root, checkpointer)
+  _log_setup(run, variables["params"])
+  return run
+
+
+def _write_config(config: ml_collections.ConfigDict, workdir: str) -> None:
+  os.makedirs(workdir, exist_ok=True)
+  if is_writer():
+    with open(os.path.join(workdir, "config.json"), "w") as f:
+      f.write(config.to_json(indent=2))
+
+
+def _log_setup(run: Run, params) -> None:
+  c = run.config
+  logging.info("model %s: %s parameters; dataset %s (%s train / %s test examples); "
+               "%d workers on %d device(s) in %d process(es), %d examples per worker per step; "
+               "compressor %s %s", c.model, f"{models_lib.param_count(params):,}", c.dataset,
+               run.spec.num_examples("train"), run.spec.num_examples("test"), c.workers,
+               run.mesh.size, jax.process_count(), c.batch_size // c.workers, c.compressor,
+               c.compressor_kwargs.to_dict())
+
+
+# ----------------------------------------------------------------------------
+# Restore.
+
+
+class Start(NamedTuple):
+  state: TrainState
+  step: int  # the last step done (0: a fresh run)
+  history: list[dict[str, float]]  # the train rows of metrics.csv up to ``step``
+
+
+def restore(run: Run) -> Start:
+  """The latest checkpoint's state and the metrics up to it, else the initial state."""
+  if run.checkpointer is not None and run.checkpointer.latest_step() is not None:
+    state = run.checkpointer.restore(run.state)
+    step = int(state.step)
+    logging.info("resumed from the checkpoint of step %d", step)
+  else:
+    state, step = run.init_state(), 0
+  history = _resume_metrics(os.path.join(run.workdir, "metrics.csv"), step)
+  return Start(state, step, history)
+
+
+def _resume_metrics(path: str, start_step: int) -> list[dict[str, float]]:
+  """The train rows up to ``start_step``; process 0 drops the rows written after it."""
+  rows, fieldnames = [], None
+  if os.path.exists(path):
+    with open(path, newline="") as f:
+      reader = csv.DictReader(f)
+      fieldnames = reader.fieldnames
+      rows = [r for r in reader if int(r["step"]) <= start_step]
+  if jax.process_count() > 1:  # every process has read the file before process 0 rewrites it
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+
+    multihost_utils.sync_global_devices("experiments.train: metrics.csv read")
+  if fieldnames is not None and is_writer():
+    with open(path, "w", newline="") as f:
+      w = csv.DictWriter(f, fieldnames=fieldnames)
+      w.writeheader()
+      w.writerows(rows)
+  return [{k: float(v) for k, v in r.items() if k != "split" and v not in ("", None)}
+          for r in rows if r["split"] == "train"]
+
+
 # ----------------------------------------------------------------------------
 # The loop.
+
+
+class End(NamedTuple):
+  state: TrainState
+  step: int  # the last step done
+  history: list[dict[str, float]]  # every train row
+  last_eval: dict[str, float]  # the last evaluation ({} if none)
+  wall_time: float  # seconds since the run (not this invocation) started
+
+
+def loop(run: Run, start: Start, stop_after_steps: Optional[int] = None) -> End:
+  """Trains from ``start.step`` to the end, or for ``stop_after_steps`` steps.
+
+  Logs train rows, evaluates every ``eval_every`` steps and at the end, and
+  saves checkpoints every ``checkpoint_every`` steps and at the end.
+  """
+  c = run.config
+  train_iter = data_lib.make_pipeline(c.dataset, "train", global_batch_size=c.batch_size,
+                                      train=True, start_step=start.step, **run.pipeline_kwargs)
+  log = _Log(run, start)
+  state, step, last_eval = start.state, start.step, {}
+  last_step = c.num_train_steps
+  if stop_after_steps is not None:
+    last_step = min(last_step, start.step + stop_after_steps)
+  for step in range(start.step + 1, last_step + 1):
+    images, labels = run.shard_batch(next(train_iter))
+    key = np.asarray(jax.random.fold_in(run.step_root, step))  # host value: the same in every process
+    state, metrics = run.train_step(state, images, labels, key)
+    final = step == c.num_train_steps
+    checkpoint_now = run.checkpointer is not None and (step % c.checkpoint_every == 0 or final)
+    # A train row closes at every checkpoint too, so a resumed run writes the same rows.
+    log.train(step, metrics, close=step % c.log_every == 0 or final or checkpoint_now)
+    if (c.eval_every and step % c.eval_every == 0) or final:
+      last_eval = log.test(step, evaluate(run.eval_step, run.eval_params(state), state.batch_stats,
+                                          run.eval_pipeline))
+    if checkpoint_now:
+      run.checkpointer.save(step, state)
+  log.close()
+  if run.checkpointer is not None:
+    run.checkpointer.close()
+  return End(state, step, log.history, last_eval, log.elapsed())
+
+
+class _Log:
+  """The rows of ``metrics.csv`` (written by process 0), the progress bar and the history."""
+
+  def __init__(self, run: Run, start: Start):
+    self.run = run
+    self.history = list(start.history)
+    columns = list(CSV_DOC)
+    extra = [k for k in jax.eval_shape(jaxcomp.metrics, run.state.opt_state) if k not in columns]
+    self.writer = (_CsvWriter(os.path.join(run.workdir, "metrics.csv"), columns + extra)
+                   if is_writer() else None)
+    c = run.config
+    self.bar = _progress(c.num_train_steps, c.progress and is_writer(),
+                         f"{c.model}/{c.compressor}/N={c.workers}")
+    if self.bar is not None and start.step:
+      self.bar.update(start.step)
+    self.t_start = time.time() - (self.history[-1]["wall_time"] if self.history else 0.0)
+    self.t_interval = time.time()
+    self.pending: list[dict[str, jax.Array]] = []
+
+  def elapsed(self) -> float:
+    return time.time() - self.t_start
+
+  def train(self, step: int, metrics: dict[str, jax.Array], close: bool) -> None:
+    """Adds a step's metrics; ``close``: writes the interval's means as a train row."""
+    self.pending.append(metrics)
+    if close:
+      fetched = jax.device_get(self.pending)
+      now = time.time()
+      row = {k: float(np.mean([f[k] for f in fetched])) for k in fetched[0]}
+      lr_step = int((step - 1) * updates_per_step(self.run.config))
+      row.update(step=step, split="train", learning_rate=float(self.run.schedule(lr_step)),
+                 steps_per_sec=len(fetched) / max(now - self.t_interval, 1e-9),
+                 wall_time=now - self.t_start)
+      if not math.isfinite(row["loss"]):
+        logging.warning("step %d: the training loss is %s", step, row["loss"])
+      self._write(row)
+      self.history.append(row)
+      self.pending, self.t_interval = [], now
+      if self.bar is not None:
+        self.bar.set_postfix(loss=f"{row['loss']:.4f}", acc=f"{row['accuracy']:.3f}",
+                             wire=f"{row['bytes_on_wire'] / 1e3:.1f}kB")
+    if self.bar is not None:
+      self.bar.update(1)
+
+  def test(self, step: int, res: dict[str, float]) -> dict[str, float]:
+    """Writes an evaluation's row; returns it with its step."""
+    self._write({"step": step, "split": "test", "loss": res["loss"], "accuracy": res["accuracy"],
+                 "wall_time": self.elapsed()})
+    logging.info("step %d: test accuracy %.4f, test loss %.4f", step, res["accuracy"], res["loss"])
+    return dict(res, step=step)
+
+  def _write(self, row: dict[str, Any]) -> None:
+    if self.writer is not None:
+      self.writer.write(row)
+
+  def close(self) -> None:
+    if self.bar is not None:
+      self.bar.close()
+    if self.writer is not None:
+      self.writer.close()
+
+
+# ----------------------------------------------------------------------------
+# Write.
+
+
+def write(run: Run, start: Start, end: End, timing: dict[str, float]) -> dict[str, Any]:
+  """The summary of a finished run; process 0 writes it to ``summary.json``."""
+  summary = _summary(run, start, end, timing)
+  if is_writer():
+    with open(os.path.join(run.workdir, "summary.json"), "w") as f:
+      json.dump(summary, f, indent=2)
+  logging.info("done: %s", json.dumps({k: summary[k] for k in
+                                       ("test_accuracy", "bytes_on_wire", "compression_ratio",
+                                        "wall_time_sec")}))
+  return summary
+
+
+def _summary(run: Run, start: Start, end: End, timing: dict[str, float]) -> dict[str, Any]:
+  c, history, last_eval = run.config, end.history, end.last_eval
+  last_train = history[-1] if history else {}
+
+  def mean(key):
+    return float(np.mean([h[key] for h in history])) if history else None
+
+  return {
+      "experiment": c.experiment,
+      "dataset": c.dataset,
+      "model": c.model,
+      "compressor": c.compressor,
+      "compressor_kwargs": c.compressor_kwargs.to_dict(),
+      "workers": c.workers,
+      "devices": run.mesh.size,
+      "processes": jax.process_count(),
+      "batch_size": c.batch_size,
+      "optimizer": c.optimizer,
+      "learning_rate": c.learning_rate,
+      "steps": end.step,
+      "seed": c.seed,
+      "parameters": models_lib.param_count(run.state.params),
+      "test_accuracy": last_eval.get("accuracy"),
+      "test_top5_accuracy": last_eval.get("top5_accuracy"),
+      "test_loss": last_eval.get("loss"),
+      "test_examples": last_eval.get("count"),
+      "evaluated": "ema" if c.eval_with_ema else "params",
+      **{k: last_train.get(k) for k in ("bytes_on_wire", "float32_bytes", "compression_ratio",
+                                        "compressed_ratio", "float_bytes", "encoded_bytes")},
+      "mean_bytes_on_wire": mean("bytes_on_wire"),
+      "mean_encoded_bytes": mean("encoded_bytes"),
+      "final_train_loss": last_train.get("loss"),
+      "wall_time_sec": end.wall_time,
+      "steps_per_sec": mean("steps_per_sec"),
+      **timing,
+      "resumed_from_step": start.step or None,
+      "jax_version": jax.__version__,
+      "backend": jax.default_backend(),
+      "git_commit": _git_commit(),
+  }
+
+
+# ----------------------------------------------------------------------------
+# The whole run.
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
+                       stop_after_steps: Optional[int] = None) -> dict[str, Any]:
+  """Trains ``config.model`` on ``config.dataset`` and evaluates it; returns the summary.
+
+  The run is a sequence of named steps: :func:`initialize_distributed`,
+  :func:`validate_config`, :func:`build`, :func:`restore`, :func:`loop`
+  (which calls :func:`evaluate`), optionally :func:`profile_step`, and
+  :func:`write`.
+
+  With ``config.checkpoint_every > 0`` the run saves checkpoints in
+  ``workdir/checkpoints`` (orbax) and resumes from the latest one when
+  started again with the same workdir: parameters, optimizer state with every
+  error-feedback residual and PRNG key, EMA, and the step, from which the data
+  stream and all randomness continue exactly (a resumed run ends bit-identical
+  to an uninterrupted one; ``tests/test_resume.py``).
+
+  Args:
+    config: the experiment config (see ``configs/common.py``).
+    workdir: output directory (shared by all processes of a multi-process run).
+    stop_after_steps: stop after this many steps of this invocation, as if the
+      process had been killed (for preemption tests); no final evaluation.
+  """
+  config = ml_collections.ConfigDict(config)  # a private, unlocked copy
+  initialize_distributed(config)
+  validate_config(config)
+  run = build(config, workdir)
+  start = restore(run)
+  end = loop(run, start, stop_after_steps)
+  if end.step < config.num_train_steps:  # stopped early (preemption test)
+    return {"steps": end.step, "stopped_early": True}
+  timing = profile_step(run, end.state) if config.profile_steps else {}
+  return write(run, start, end, timing)
+
+
+def profile_step(run: Run, state: TrainState) -> dict[str, float]:
+  """Median time of a whole step and of its gradient computation alone.
+
+  ``exchange_time_sec`` = step − compute: compression, the collectives,
+  decompression and the optimizer update. With simulated workers there is no
+  network, so this is the compute cost of the exchange on this machine.
+  Measured after training on ``config.profile_steps`` extra steps whose
+  results are discarded (``state`` is donated to them).
+  """
+  config = run.config
+  loss_fn = make_loss_fn(config, run.model, run.spec.num_classes, run.has_bn)
+  grads_fn = jax.jit(jax.vmap(
+      lambda p, bs, x, y, k: loss_and_grad(config, loss_fn, p, bs, x, y, k)[0],
+      in_axes=(None, None, 0, 0, None)))
+  train_iter = data_lib.make_pipeline(config.dataset, "train", global_batch_size=config.batch_size,
+                                      train=True, start_step=config.num_train_steps,
+                                      **run.pipeline_kwargs)
+  batches = [run.shard_batch(next(train_iter)) for _ in range(3)]
+  t_step, t_grad = [], []
+  s = state
+  for i in range(config.profile_steps + 2):  # two warm-up rounds
+    images, labels = batches[i % 3]
+    key = np.asarray(jax.random.fold_in(run.step_root, 2**30 + i))
+    t0 = time.perf_counter()
+    s, m = run.train_step(s, images, labels, key)
+    jax.block_until_ready(m)
+    t1 = time.perf_counter()
+    jax.block_until_ready(grads_fn(s.params, s.batch_stats, images, labels, key))
+    t2 = time.perf_counter()
+    if i >= 2:
+      t_step.append(t1 - t0)
+      t_grad.append(t2 - t1)
+  step_t, grad_t = float(np.median(t_step)), float(np.median(t_grad))
+  return {"step_time_sec": step_t, "compute_time_sec": grad_t,
+          "exchange_time_sec": max(step_t - grad_t, 0.0)}
+
+
+# ----------------------------------------------------------------------------
+# Files.
 
 
 class _CsvWriter:
@@ -401,210 +1010,10 @@ def _progress(total: int, enabled: bool, desc: str):
   if not enabled:
     return None
   try:
-    from tqdm import tqdm
+    from tqdm import tqdm  # pylint: disable=g-import-not-at-top
   except ImportError:  # pragma: no cover
     return None
   return tqdm(total=total, desc=desc, unit="step", dynamic_ncols=True, file=sys.stderr, leave=True)
-
-
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
-                       stop_after_steps: Optional[int] = None) -> dict[str, Any]:
-  """Trains ``config.model`` on ``config.dataset`` and evaluates it; returns the summary.
-
-  With ``config.checkpoint_every > 0`` the run saves checkpoints in
-  ``workdir/checkpoints`` (orbax) and resumes from the latest one when
-  started again with the same workdir: parameters, optimizer state with every
-  error-feedback residual and PRNG key, EMA, and the step, from which the data
-  stream and all randomness continue exactly (a resumed run ends bit-identical
-  to an uninterrupted one; ``tests/test_resume.py``).
-
-  Args:
-    config: the experiment config (see ``configs/common.py``).
-    workdir: output directory.
-    stop_after_steps: stop after this many steps of this invocation, as if the
-      process had been killed (for preemption tests); no final evaluation.
-  """
-  config = ml_collections.ConfigDict(config)  # a private, unlocked copy
-  validate_config(config)
-  os.makedirs(workdir, exist_ok=True)
-  with open(os.path.join(workdir, "config.json"), "w") as f:
-    f.write(config.to_json(indent=2))
-
-  n_workers = config.workers
-  available = jax.local_device_count()
-  if config.max_devices:
-    available = min(available, config.max_devices)
-  n_dev = num_devices_for(n_workers, available)
-  mesh = jax.make_mesh((n_dev,), ("devices",), axis_types=(jax.sharding.AxisType.Auto,),
-                       devices=jax.local_devices()[:n_dev])
-  spec = data_lib.get_spec(config.dataset)
-  num_classes = spec.num_classes
-  pipe_kw = dict(seed=config.seed, augment=config.augment, data_dir=config.data_dir,
-                 image_size=config.image_size, channels=config.channels,
-                 process_index=jax.process_index(), process_count=jax.process_count())
-  image_shape = tuple(data_lib.output_image_shape(config.dataset, config.augment, config.image_size,
-                                                  config.channels))
-  # The eval pipeline first: absent data (ImageNet here) fails at once, before the model is built.
-  eval_bs = min(config.eval_batch_size, spec.num_examples("test"))
-  eval_iter = data_lib.make_pipeline(config.dataset, "test", global_batch_size=eval_bs,
-                                     train=False, **pipe_kw)
-
-  model = models_lib.get_model(config.model, num_classes, **config.model_kwargs.to_dict())
-  init_key, step_root = jax.random.split(jax.random.PRNGKey(config.seed))
-  variables = model.init({"params": init_key, "dropout": init_key},
-                         jnp.zeros((1,) + image_shape, jnp.float32), train=False)
-  params = variables["params"]
-  batch_stats = variables.get("batch_stats", {})
-  has_bn = bool(jax.tree.leaves(batch_stats))
-
-  tx = make_tx(config, AXES)
-  opt_state = parallel.replicate_workers(tx.init(params), n_workers)
-  ema = params if config.ema_decay > 0 else {}
-  repl = NamedSharding(mesh, P())
-  state_shardings = TrainState(
-      repl, jax.tree.map(lambda _: repl, params), jax.tree.map(lambda _: repl, batch_stats),
-      jax.tree.map(lambda s: NamedSharding(mesh, s), parallel.worker_specs(opt_state, "devices")),
-      jax.tree.map(lambda _: repl, ema))
-  state = jax.device_put(TrainState(jnp.zeros((), jnp.int32), params, batch_stats, opt_state, ema),
-                         state_shardings)
-
-  ckpt = _Checkpointer(os.path.join(workdir, "checkpoints"), config) if config.checkpoint_every else None
-  start_step = 0
-  if ckpt is not None and ckpt.latest_step() is not None:
-    state = ckpt.restore(state)
-    start_step = int(state.step)
-    logging.info("resumed from the checkpoint of step %d", start_step)
-  history = _resume_metrics(os.path.join(workdir, "metrics.csv"), start_step)
-
-  train_iter = data_lib.make_pipeline(config.dataset, "train", global_batch_size=config.batch_size,
-                                      train=True, start_step=start_step, **pipe_kw)
-  data_sharding = NamedSharding(mesh, P("devices"))
-
-  train_step = make_train_step(config, model, tx, mesh, opt_state, num_classes, batch_stats)
-  eval_step = make_eval_step(model, num_classes, has_bn)
-  schedule = make_schedule(config)
-
-  n_params = models_lib.param_count(params)
-  logging.info("model %s: %s parameters; dataset %s (%s train / %s test examples); "
-               "%d workers on %d device(s), %d examples per worker per step; compressor %s %s",
-               config.model, f"{n_params:,}", config.dataset, spec.num_examples("train"),
-               spec.num_examples("test"), n_workers, n_dev, config.batch_size // n_workers,
-               config.compressor, config.compressor_kwargs.to_dict())
-
-  columns = list(CSV_DOC)
-  extra = [k for k in jaxcomp.metrics(opt_state) if k not in columns]
-  writer = _CsvWriter(os.path.join(workdir, "metrics.csv"), columns + extra)
-  bar = _progress(config.num_train_steps, config.progress,
-                  f"{config.model}/{config.compressor}/N={n_workers}")
-  if bar is not None and start_step:
-    bar.update(start_step)
-
-  def shard_batch(batch):
-    b = config.batch_size // n_workers
-    img = batch["image"].reshape((n_workers // jax.process_count(), b) + image_shape)
-    lab = batch["label"].reshape((n_workers // jax.process_count(), b))
-    return (jax.make_array_from_process_local_data(data_sharding, img),
-            jax.make_array_from_process_local_data(data_sharding, lab))
-
-  def eval_params(s: TrainState):
-    return s.ema_params if config.eval_with_ema else s.params
-
-  time_offset = history[-1]["wall_time"] if history else 0.0
-  t_start = time.time() - time_offset
-  t_interval = time.time()
-  pending: list[dict[str, jax.Array]] = []
-  last_eval: dict[str, float] = {}
-  step = start_step
-  last_step = config.num_train_steps
-  if stop_after_steps is not None:
-    last_step = min(last_step, start_step + stop_after_steps)
-  for step in range(start_step + 1, last_step + 1):
-    images, labels = shard_batch(next(train_iter))
-    state, m = train_step(state, images, labels, jax.random.fold_in(step_root, step))
-    pending.append(m)
-    final = step == config.num_train_steps
-    checkpoint_now = ckpt is not None and (step % config.checkpoint_every == 0 or final)
-    # A train row closes at every checkpoint too, so a resumed run writes the same rows.
-    if step % config.log_every == 0 or final or checkpoint_now:
-      fetched = jax.device_get(pending)
-      now = time.time()
-      row = {k: float(np.mean([f[k] for f in fetched])) for k in fetched[0]}
-      row.update(step=step, split="train",
-                 learning_rate=float(schedule(int((step - 1) * updates_per_step(config)))),
-                 steps_per_sec=len(fetched) / max(now - t_interval, 1e-9), wall_time=now - t_start)
-      if not math.isfinite(row["loss"]):
-        logging.warning("step %d: the training loss is %s", step, row["loss"])
-      writer.write(row)
-      history.append(row)
-      pending, t_interval = [], now
-      if bar is not None:
-        bar.set_postfix(loss=f"{row['loss']:.4f}", acc=f"{row['accuracy']:.3f}",
-                        wire=f"{row['bytes_on_wire'] / 1e3:.1f}kB")
-    if bar is not None:
-      bar.update(1)
-    if (config.eval_every and step % config.eval_every == 0) or final:
-      res = evaluate(eval_step, eval_params(state), state.batch_stats, eval_iter)
-      last_eval = dict(res, step=step)
-      writer.write({"step": step, "split": "test", "loss": res["loss"], "accuracy": res["accuracy"],
-                    "wall_time": time.time() - t_start})
-      logging.info("step %d: test accuracy %.4f, test loss %.4f", step, res["accuracy"], res["loss"])
-    if checkpoint_now:
-      ckpt.save(step, state)
-  if bar is not None:
-    bar.close()
-  writer.close()
-  if ckpt is not None:
-    ckpt.close()
-  if step < config.num_train_steps:  # stopped early (preemption test)
-    return {"steps": step, "stopped_early": True}
-
-  timing = (profile_step(config, train_step, make_loss_fn(config, model, num_classes, has_bn),
-                         state, shard_batch, train_iter, step_root)
-            if config.profile_steps else {})
-  total_time = time.time() - t_start
-  last_train = history[-1] if history else {}
-  summary = {
-      "experiment": config.experiment,
-      "dataset": config.dataset,
-      "model": config.model,
-      "compressor": config.compressor,
-      "compressor_kwargs": config.compressor_kwargs.to_dict(),
-      "workers": n_workers,
-      "devices": n_dev,
-      "batch_size": config.batch_size,
-      "optimizer": config.optimizer,
-      "learning_rate": config.learning_rate,
-      "steps": step,
-      "seed": config.seed,
-      "parameters": n_params,
-      "test_accuracy": last_eval.get("accuracy"),
-      "test_top5_accuracy": last_eval.get("top5_accuracy"),
-      "test_loss": last_eval.get("loss"),
-      "test_examples": last_eval.get("count"),
-      "evaluated": "ema" if config.eval_with_ema else "params",
-      "bytes_on_wire": last_train.get("bytes_on_wire"),
-      "float32_bytes": last_train.get("float32_bytes"),
-      "compression_ratio": last_train.get("compression_ratio"),
-      "compressed_ratio": last_train.get("compressed_ratio"),
-      "float_bytes": last_train.get("float_bytes"),
-      "encoded_bytes": last_train.get("encoded_bytes"),
-      "mean_bytes_on_wire": float(np.mean([h["bytes_on_wire"] for h in history])) if history else None,
-      "mean_encoded_bytes": float(np.mean([h["encoded_bytes"] for h in history])) if history else None,
-      "final_train_loss": last_train.get("loss"),
-      "wall_time_sec": total_time,
-      "steps_per_sec": float(np.mean([h["steps_per_sec"] for h in history])) if history else None,
-      **timing,
-      "resumed_from_step": start_step or None,
-      "jax_version": jax.__version__,
-      "backend": jax.default_backend(),
-      "git_commit": _git_commit(),
-  }
-  with open(os.path.join(workdir, "summary.json"), "w") as f:
-    json.dump(summary, f, indent=2)
-  logging.info("done: %s", json.dumps({k: summary[k] for k in
-                                       ("test_accuracy", "bytes_on_wire", "compression_ratio",
-                                        "wall_time_sec")}))
-  return summary
 
 
 def _git_commit() -> Optional[str]:
@@ -624,7 +1033,12 @@ def _git_commit() -> Optional[str]:
 
 
 class _Checkpointer:
-  """orbax checkpoints of the whole TrainState, keyed by step."""
+  """orbax checkpoints of the whole TrainState, keyed by step.
+
+  In a multi-process run every process calls every method: orbax writes each
+  array's shards from the processes that hold them (process 0 writes the
+  replicated ones and the metadata) into the one shared directory.
+  """
 
   def __init__(self, directory: str, config: ml_collections.ConfigDict):
     import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
@@ -640,62 +1054,13 @@ class _Checkpointer:
   def save(self, step: int, state: TrainState) -> None:
     self._mngr.save(step, args=self._ocp.args.StandardSave(state))
 
-  def restore(self, like: TrainState) -> TrainState:
-    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), like)
+  def restore(self, abstract: TrainState) -> TrainState:
+    """The latest checkpoint, laid out as ``abstract`` (``jax.ShapeDtypeStruct`` with shardings)."""
     return self._mngr.restore(self._mngr.latest_step(), args=self._ocp.args.StandardRestore(abstract))
 
   def close(self) -> None:
     self._mngr.wait_until_finished()
     self._mngr.close()
-
-
-def _resume_metrics(path: str, start_step: int) -> list[dict[str, float]]:
-  """Drops rows written after the checkpoint we resume from; returns the train rows kept."""
-  if not os.path.exists(path):
-    return []
-  with open(path, newline="") as f:
-    reader = csv.DictReader(f)
-    fieldnames = reader.fieldnames
-    rows = [r for r in reader if int(r["step"]) <= start_step]
-  with open(path, "w", newline="") as f:
-    w = csv.DictWriter(f, fieldnames=fieldnames)
-    w.writeheader()
-    w.writerows(rows)
-  return [{k: float(v) for k, v in r.items() if k != "split" and v not in ("", None)}
-          for r in rows if r["split"] == "train"]
-
-
-def profile_step(config, train_step, loss_fn, state, shard_batch, train_iter,
-                 step_root) -> dict[str, float]:
-  """Median time of a whole step and of its gradient computation alone.
-
-  ``exchange_time_sec`` = step − compute: compression, the collectives,
-  decompression and the optimizer update. With simulated workers there is no
-  network, so this is the compute cost of the exchange on this machine.
-  Measured after training on ``config.profile_steps`` extra steps whose
-  results are discarded.
-  """
-  grads_fn = jax.jit(jax.vmap(
-      lambda p, bs, x, y, k: worker_gradients(config, loss_fn, p, bs, x, y, k)[0],
-      in_axes=(None, None, 0, 0, None)))
-  batches = [shard_batch(next(train_iter)) for _ in range(3)]
-  t_step, t_grad = [], []
-  s = state
-  for i in range(config.profile_steps + 2):  # two warm-up rounds
-    images, labels = batches[i % 3]
-    key = jax.random.fold_in(step_root, 2**30 + i)
-    t0 = time.perf_counter()
-    s, m = train_step(s, images, labels, key)
-    jax.block_until_ready(m)
-    t1 = time.perf_counter()
-    jax.block_until_ready(grads_fn(s.params, s.batch_stats, images, labels, key))
-    t2 = time.perf_counter()
-    if i >= 2:
-      t_step.append(t1 - t0)
-      t_grad.append(t2 - t1)
-  step_t, grad_t = float(np.median(t_step)), float(np.median(t_grad))
-  return {"step_time_sec": step_t, "compute_time_sec": grad_t,
-          "exchange_time_sec": max(step_t - grad_t, 0.0)}
 
 
 FLAGS = flags.FLAGS

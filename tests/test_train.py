@@ -80,3 +80,66 @@ def test_config_arguments():
   assert terngrad_lenet.get_config("optimizer=sgd").learning_rate == 0.1
   with pytest.raises(ValueError, match="Unknown config argument"):
     terngrad_lenet.get_config("bogus=1")
+
+
+_DIST_ENV = ("JAX_COORDINATOR_ADDRESS", "JAXCOMP_NUM_PROCESSES", "JAXCOMP_PROCESS_ID", "SLURM_JOB_ID",
+             "SLURM_STEP_NODELIST", "SLURM_NTASKS", "OMPI_MCA_orte_hnp_uri", "OMPI_COMM_WORLD_SIZE")
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+  for name in _DIST_ENV:
+    monkeypatch.delenv(name, raising=False)
+  return monkeypatch
+
+
+def test_single_process_unless_told(clean_env):
+  c = _config()
+  assert train.distributed_settings(c) is None
+  clean_env.setenv("SLURM_JOB_ID", "7")
+  clean_env.setenv("SLURM_STEP_NODELIST", "node1")
+  clean_env.setenv("SLURM_NTASKS", "1")
+  assert train.distributed_settings(c) is None  # a one-task job stays single-process
+  assert not train.initialize_distributed(c)
+
+
+def test_distributed_settings_from_env_and_config(clean_env):
+  c = _config()
+  clean_env.setenv("JAX_COORDINATOR_ADDRESS", "10.0.0.1:1234")
+  clean_env.setenv("JAXCOMP_NUM_PROCESSES", "4")
+  clean_env.setenv("JAXCOMP_PROCESS_ID", "3")
+  s = train.distributed_settings(c)
+  assert (s["coordinator_address"], s["num_processes"], s["process_id"]) == ("10.0.0.1:1234", 4, 3)
+  assert s["heartbeat_timeout_seconds"] == 100
+  c.distributed.process_id = 1  # the config overrides the environment
+  c.distributed.heartbeat_timeout_seconds = 10
+  s = train.distributed_settings(c)
+  assert (s["process_id"], s["heartbeat_timeout_seconds"]) == (1, 10)
+  c.distributed.num_processes = 1
+  assert train.distributed_settings(c) is None
+
+
+def test_distributed_settings_leave_clusters_to_jax(clean_env):
+  clean_env.setenv("OMPI_MCA_orte_hnp_uri", "123.0;tcp://10.0.0.1:5000")
+  clean_env.setenv("OMPI_COMM_WORLD_SIZE", "2")
+  s = train.distributed_settings(_config())
+  assert s["num_processes"] is None and s["coordinator_address"] is None  # JAX detects them
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"JAX_COORDINATOR_ADDRESS": "h:1"}, "number of processes"),
+    ({"JAXCOMP_NUM_PROCESSES": "2", "JAXCOMP_PROCESS_ID": "2"}, "process_id"),
+    ({"JAXCOMP_NUM_PROCESSES": "two"}, "not an integer"),
+])
+def test_bad_distributed_settings_fail_clearly(clean_env, env, message):
+  for k, v in env.items():
+    clean_env.setenv(k, v)
+  with pytest.raises(ValueError, match=message):
+    train.distributed_settings(_config())
+
+
+def test_mesh_lays_workers_over_devices():
+  """The largest divisor of the workers the (8) devices allow, at most max_devices."""
+  assert [train.make_mesh(n).size for n in (8, 10, 7, 16, 1)] == [8, 5, 7, 8, 1]
+  assert train.make_mesh(8, max_devices=3).size == 2
+  assert list(train.make_mesh(4).devices) == jax.devices()[:4]

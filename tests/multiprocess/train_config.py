@@ -1,0 +1,35 @@
+"""The tiny training run the multi-process training tests share (worker and test process).
+
+LeNet on the 5,000 real MNIST digits (``mnist5k``), 8 workers x 4 examples,
+a few steps, a checkpoint at the end (its arrays are what the tests compare).
+"""
+
+import ml_collections
+
+from configs import terngrad_lenet
+
+# compressor name -> its arguments: the float baseline, TernGrad (stochastic,
+# scalar sharing), and 1-bit SGD (error feedback: a worker-local residual).
+COMPRESSORS = {
+    "none": {},
+    "terngrad": {"clip_sigma": 2.5},
+    "onebit": {},
+}
+STEPS = 4
+
+
+def config(compressor: str, steps: int = STEPS, checkpoint_every: int = STEPS,
+           heartbeat: int = 100) -> ml_collections.ConfigDict:
+  c = terngrad_lenet.get_config("runlocal,dataset=mnist5k")
+  c.workers = 8
+  c.batch_size = 32
+  c.num_train_steps = steps
+  c.log_every = 2
+  c.eval_every = 0
+  c.eval_batch_size = 500
+  c.checkpoint_every = checkpoint_every
+  c.progress = False
+  c.compressor = compressor
+  c.compressor_kwargs = ml_collections.ConfigDict(COMPRESSORS[compressor])
+  c.distributed.heartbeat_timeout_seconds = heartbeat
+  return c

@@ -1,0 +1,190 @@
+"""experiments.train over several processes (jax.distributed on loopback, gloo collectives).
+
+* 2 processes x 4 devices train like 1 process x 8 (this process,
+  ``conftest.py``): same config and seed, for the float baseline, TernGrad and
+  1-bit SGD (error feedback); the final checkpoints (parameters, optimizer
+  state with the residuals, EMA) agree to 1e-6.
+* A process SIGKILLed after a checkpoint stops the run (its peer fails fast,
+  within the heartbeat timeout); restarted, the run resumes from that
+  checkpoint and ends bit-identical to the uninterrupted 2-process run.
+"""
+
+import csv
+import importlib.util
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from experiments import train
+
+pytestmark = pytest.mark.slow  # worker processes: a minute or more on two cores
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+NPROC = 2
+
+
+def _load_train_config():
+  spec = importlib.util.spec_from_file_location("train_config", os.path.join(HERE, "multiprocess", "train_config.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+train_config = _load_train_config()
+
+
+def _free_port():
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def launch(out_dir, names, *options):
+  """Starts NPROC worker processes (4 CPU devices each) training ``names``; returns them."""
+  port = _free_port()
+  procs = []
+  for i in range(NPROC):
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=4",
+               JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAXCOMP_NUM_PROCESSES=str(NPROC),
+               JAXCOMP_PROCESS_ID=str(i))
+    cmd = [sys.executable, os.path.join(HERE, "multiprocess", "train_worker.py"), str(out_dir),
+           ",".join(names), *options]
+    procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True))
+  return procs
+
+
+def wait(procs, timeout=600, check=True):
+  """Waits for ``procs``; returns their outputs and exit times (all killed after ``timeout``)."""
+  done = [None] * len(procs)
+
+  def collect(i):
+    out = procs[i].communicate()[0]
+    done[i] = (out, time.monotonic())
+
+  threads = [threading.Thread(target=collect, args=(i,)) for i in range(len(procs))]
+  for t in threads:
+    t.start()
+  deadline = time.monotonic() + timeout
+  for t in threads:
+    t.join(max(deadline - time.monotonic(), 0))
+  if any(t.is_alive() for t in threads):
+    for p in procs:
+      p.kill()
+    for t in threads:
+      t.join()
+    raise AssertionError(f"the processes did not end within {timeout} s")
+  logs, times = [d[0] for d in done], [d[1] for d in done]
+  for p, log in zip(procs, logs):
+    assert p.returncode == 0 or not check, log[-4000:]
+  return logs, times
+
+
+def summaries(log):
+  """The summaries a worker printed, by compressor."""
+  out = {}
+  for line in log.splitlines():
+    if line.startswith('{"compressor"'):
+      record = json.loads(line)
+      out[record["compressor"]] = record["summary"]
+  return out
+
+
+def metric_rows(workdir):
+  drop = {"wall_time", "steps_per_sec"}
+  return [{k: v for k, v in r.items() if k not in drop}
+          for r in csv.DictReader(open(os.path.join(str(workdir), "metrics.csv")))]
+
+
+def final_checkpoint(workdir):
+  """``(step, state)`` of the latest checkpoint in ``workdir``, on this process's first device.
+
+  The checkpoint may come from a run on other devices (2 processes): its
+  arrays are restored onto one device here.
+  """
+  mngr = ocp.CheckpointManager(os.path.join(str(workdir), "checkpoints"))
+  step = mngr.latest_step()
+  mngr.close()
+  path = os.path.join(str(workdir), "checkpoints", str(step), "default")
+  ckptr = ocp.StandardCheckpointer()
+  meta = ckptr.metadata(path).item_metadata
+  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  abstract = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), meta)
+  return step, ckptr.restore(path, abstract)
+
+
+def assert_states_close(a, b, atol):
+  leaves_a, tree_a = jax.tree_util.tree_flatten_with_path(a)
+  leaves_b, tree_b = jax.tree_util.tree_flatten_with_path(b)
+  assert [p for p, _ in leaves_a] == [p for p, _ in leaves_b]
+  for (path, x), (_, y) in zip(leaves_a, leaves_b):
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=0, atol=atol,
+                               err_msg=jax.tree_util.keystr(path))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+  """Every compressor trained by 2 worker processes and, meanwhile, by this process."""
+  root = tmp_path_factory.mktemp("train")
+  names = list(train_config.COMPRESSORS)
+  procs = launch(root / "mp", names)
+  single = {n: train.train_and_evaluate(train_config.config(n), str(root / "sp" / n)) for n in names}
+  multi = summaries(wait(procs)[0][0])
+  return root, single, multi
+
+
+@pytest.mark.parametrize("name", list(train_config.COMPRESSORS))
+def test_two_processes_train_like_one(runs, name):
+  root, single, multi = runs
+  assert single[name]["processes"] == 1 and multi[name]["processes"] == NPROC
+  assert single[name]["devices"] == multi[name]["devices"] == 8
+  for k in ("steps", "bytes_on_wire", "float32_bytes", "test_examples"):
+    assert single[name][k] == multi[name][k], k
+  step_s, state_s = final_checkpoint(root / "sp" / name)
+  step_m, state_m = final_checkpoint(root / "mp" / name)
+  assert step_s == step_m == train_config.STEPS
+  assert_states_close(state_s, state_m, atol=1e-6)
+  # The parameters moved away from their average, and 1-bit SGD's residuals are not zero.
+  assert np.abs(np.asarray(state_m["params"]["fc1"]["kernel"]) -
+                np.asarray(state_m["ema_params"]["fc1"]["kernel"])).max() > 0
+  if name == "onebit":
+    residuals = [np.asarray(x) for p, x in jax.tree_util.tree_flatten_with_path(state_m)[0]
+                 if "residual" in jax.tree_util.keystr(p)]
+    assert residuals and max(np.abs(r).max() for r in residuals) > 0
+  # Process 0 alone wrote the files: one row per logged interval and evaluation.
+  assert [(r["step"], r["split"]) for r in metric_rows(root / "mp" / name)] == [
+      ("2", "train"), ("4", "train"), ("4", "test")]
+  assert json.load(open(root / "mp" / name / "summary.json"))["processes"] == NPROC
+
+
+def test_killed_process_resumes_bit_identical(runs, tmp_path):
+  """Process 1 dies by SIGKILL after the checkpoint of step 2; a restart ends like no failure."""
+  root, _, _ = runs
+  options = ["--steps=4", "--checkpoint_every=2", "--heartbeat=5"]
+  procs = launch(tmp_path, ["onebit"], *options, "--die_after_checkpoint=2")
+  logs, exit_times = wait(procs, timeout=300, check=False)
+  assert procs[1].returncode == -signal.SIGKILL, logs[1][-3000:]
+  # The survivor stops (its collective fails, then the 5 s heartbeat ends it) instead of
+  # waiting out JAX's default 100 s heartbeat; the margin is for a loaded machine.
+  assert procs[0].returncode != 0, logs[0][-3000:]
+  assert exit_times[0] - exit_times[1] < 60
+  assert final_checkpoint(tmp_path / "onebit")[0] == 2
+
+  resumed = summaries(wait(launch(tmp_path, ["onebit"], *options))[0][0])["onebit"]
+  assert resumed["resumed_from_step"] == 2 and resumed["steps"] == 4
+  step_a, state_a = final_checkpoint(root / "mp" / "onebit")
+  step_b, state_b = final_checkpoint(tmp_path / "onebit")
+  assert step_a == step_b == 4
+  assert_states_close(state_a, state_b, atol=0)
+  assert metric_rows(tmp_path / "onebit") == metric_rows(root / "mp" / "onebit")
