@@ -234,8 +234,9 @@ def distributed_config() -> ml_collections.ConfigDict:
   # declaring it dead and stopping the others (JAX's default: 100 s). Lower it
   # to learn of a killed peer sooner, so a restart can resume from the last
   # checkpoint; too low a value kills runs whose processes stall (e.g. long
-  # compiles or checkpoint writes block heartbeats).
-  d.heartbeat_timeout_seconds = 100
+  # compiles or checkpoint writes block heartbeats). None: the launcher's
+  # $JAXCOMP_HEARTBEAT_TIMEOUT (experiments.launch --heartbeat-timeout), else 100.
+  d.heartbeat_timeout_seconds = config_dict.placeholder(int)
   d.initialization_timeout_seconds = 300  # how long to wait for every process to connect
   # A JAX cluster detection method to force ("slurm", "ompi", "mpi4py", "k8s",
   # "gce_tpu", "gke_tpu"); None: SLURM and Open MPI are detected automatically.

@@ -79,6 +79,7 @@ from ml_collections import config_flags
 import numpy as np
 import optax
 
+from experiments import distributed as distributed_env
 import jaxcomp
 from jaxcomp import data as data_lib
 from jaxcomp import models as models_lib
@@ -86,9 +87,10 @@ from jaxcomp import parallel
 
 AXES = ("devices", "workers")
 
-ENV_COORDINATOR_ADDRESS = "JAX_COORDINATOR_ADDRESS"
-ENV_NUM_PROCESSES = "JAXCOMP_NUM_PROCESSES"
-ENV_PROCESS_ID = "JAXCOMP_PROCESS_ID"
+# The launcher's variables (experiments.launch sets them; experiments.distributed documents them).
+ENV_COORDINATOR_ADDRESS = distributed_env.COORDINATOR_ENV
+ENV_NUM_PROCESSES = distributed_env.NUM_PROCESSES_ENV
+ENV_PROCESS_ID = distributed_env.PROCESS_ID_ENV
 
 CSV_DOC = {
     "step": "training step after which the row was written (1-based)",
@@ -172,7 +174,9 @@ def distributed_settings(config: ml_collections.ConfigDict) -> Optional[dict[str
           f"--config.distributed.num_processes / process_id), or unset ${ENV_COORDINATOR_ADDRESS}.")
   if num is not None and (num < 1 or (pid is not None and not 0 <= pid < num)):
     raise ValueError(f"Bad config: process_id={pid} must be in [0, num_processes={num}).")
-  heartbeat = d.get("heartbeat_timeout_seconds", 100)
+  heartbeat = d.get("heartbeat_timeout_seconds")
+  if heartbeat is None:  # the launcher's --heartbeat-timeout, else JAX's default
+    heartbeat = _env_int(distributed_env.HEARTBEAT_TIMEOUT_ENV) or 100
   if heartbeat < 1:
     raise ValueError(f"Bad config: distributed.heartbeat_timeout_seconds must be >= 1, got {heartbeat}.")
   return dict(coordinator_address=address, num_processes=num, process_id=pid,

@@ -82,7 +82,8 @@ def test_config_arguments():
     terngrad_lenet.get_config("bogus=1")
 
 
-_DIST_ENV = ("JAX_COORDINATOR_ADDRESS", "JAXCOMP_NUM_PROCESSES", "JAXCOMP_PROCESS_ID", "SLURM_JOB_ID",
+_DIST_ENV = ("JAX_COORDINATOR_ADDRESS", "JAXCOMP_NUM_PROCESSES", "JAXCOMP_PROCESS_ID", "JAXCOMP_HEARTBEAT_TIMEOUT",
+             "SLURM_JOB_ID",
              "SLURM_STEP_NODELIST", "SLURM_NTASKS", "OMPI_MCA_orte_hnp_uri", "OMPI_COMM_WORLD_SIZE")
 
 
@@ -110,7 +111,9 @@ def test_distributed_settings_from_env_and_config(clean_env):
   clean_env.setenv("JAXCOMP_PROCESS_ID", "3")
   s = train.distributed_settings(c)
   assert (s["coordinator_address"], s["num_processes"], s["process_id"]) == ("10.0.0.1:1234", 4, 3)
-  assert s["heartbeat_timeout_seconds"] == 100
+  assert s["heartbeat_timeout_seconds"] == 100  # JAX's default
+  clean_env.setenv("JAXCOMP_HEARTBEAT_TIMEOUT", "7")  # the launcher's --heartbeat-timeout
+  assert train.distributed_settings(c)["heartbeat_timeout_seconds"] == 7
   c.distributed.process_id = 1  # the config overrides the environment
   c.distributed.heartbeat_timeout_seconds = 10
   s = train.distributed_settings(c)
