@@ -163,3 +163,47 @@ def test_quick_start_is_two_commands():
   block = _blocks("bash")[0]
   commands = [line.split("#")[0].strip() for line in block.splitlines() if line.split("#")[0].strip()]
   assert commands == ["make quickstart", "make test"]
+
+
+def _compressor_class(name):
+  import importlib
+  from jaxcomp import core
+  module = importlib.import_module(f"jaxcomp.compressors.{name}")
+  (cls,) = [v for v in vars(module).values()
+            if isinstance(v, type) and issubclass(v, core.Compressor) and v.__module__ == module.__name__]
+  return cls
+
+
+def test_the_common_options_do_what_the_readme_says():
+  text = _section("Compressors and what they report")
+  listed = re.search(r"on by\s+default for the biased compressors: (.*?)\)", text, flags=re.S).group(1)
+  with_ef = {n for n in jaxcomp.names() if n not in ("none", "local_steps")
+             and _compressor_class(n).error_feedback}
+  assert set(re.findall(r"`([a-z_0-9]+)`", listed)) == with_ef
+  g = {"w": jax.random.normal(jax.random.PRNGKey(1), (512,)), "b": jnp.linspace(-1.0, 1.0, 16)}
+
+  def one_step(**kwargs):
+    tx = jaxcomp.terngrad(**kwargs)
+    updates, state = tx.update(g, tx.init(g), g)
+    return updates, state, {k: float(v) for k, v in jaxcomp.metrics(state).items()}
+
+  # skip: True keeps the tensor in float32, bit for bit, and it is counted as float bytes.
+  upd, _, m = one_step(skip={"w": False, "b": True})
+  np.testing.assert_array_equal(upd["b"], g["b"])
+  assert m["float_bytes"] == 4 * 16 and not np.array_equal(upd["w"], g["w"])
+  # seed: the same seed draws the same ternary codes, another seed others.
+  a, b, c = (one_step(seed=s)[0]["w"] for s in (0, 0, 1))
+  np.testing.assert_array_equal(a, b)
+  assert not np.array_equal(a, c)
+  # nonfinite: a NaN makes the tensor's average NaN ("propagate") or is sent as zeros ("zero").
+  bad = dict(g, w=g["w"].at[3].set(jnp.nan))
+  for policy, check in (("propagate", lambda u: np.isnan(u).all()), ("zero", lambda u: (u == 0).all())):
+    tx = jaxcomp.terngrad(nonfinite=policy)
+    upd, state = tx.update(bad, tx.init(bad), bad)
+    assert check(np.asarray(upd["w"])), policy
+    assert float(jaxcomp.metrics(state)["nonfinite_tensors"]) == 1
+  # error_feedback: what quantization dropped is kept: update + residual = gradient.
+  upd, state, _ = one_step(error_feedback=True)
+  residual = state.local.residual
+  np.testing.assert_allclose(upd["w"] + residual["w"], g["w"], rtol=1e-6, atol=1e-6)
+  assert float(jnp.abs(residual["w"]).sum()) > 0
