@@ -1,11 +1,17 @@
-# jaxcomp: set-up, main job, tests.  Everything installs into ./.venv.
+# jaxcomp: set-up, main job, tests, notebooks.  Everything installs into ./.venv.
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup quickstart test test-fast bench clean
+# Debian packages the suite uses: real Fashion-MNIST (the data tests and the Fashion-MNIST
+# runs) and iproute2 (`ip`/`tc`, for the launcher's emulated-link test).
+DEBIAN_PACKAGES := dataset-fashion-mnist iproute2
+FASHION_DIR     ?= $(or $(JAXCOMP_FASHION_MNIST_DIR),/usr/share/datasets/fashion-mnist)
 
+.PHONY: setup debian-packages quickstart test test-fast notebooks bench clean
+
+## The virtual environment: the pinned library, experiment stack and test tools.
 $(STAMP): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
@@ -15,13 +21,42 @@ $(STAMP): pyproject.toml requirements.lock
 
 setup: $(STAMP)
 
+## As root (CI, a fresh container): apt-get install what is missing. Otherwise say once
+## which tests will skip and why.
+debian-packages:
+	@missing=""; \
+	[ -f "$(FASHION_DIR)/train-images-idx3-ubyte.gz" ] || missing="$$missing dataset-fashion-mnist"; \
+	{ command -v tc || [ -x /usr/sbin/tc ] || [ -x /sbin/tc ]; } >/dev/null 2>&1 || missing="$$missing iproute2"; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "Installing Debian packages:$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	else \
+	  echo "NOTE: Debian packages missing:$$missing (not root, so not installed)."; \
+	  case "$$missing" in *dataset-fashion-mnist*) echo "  The Fashion-MNIST tests of tests/test_data.py and tests/test_data_tfds.py will skip."; esac; \
+	  case "$$missing" in *iproute2*) echo "  The launcher's emulated-link test (needs ip/tc) will skip."; esac; \
+	  echo "  To run them: sudo apt-get install$$missing"; \
+	fi
+
 ## The main job: LeNet on real offline data, 8 simulated workers, float vs TernGrad.
 quickstart: $(STAMP)
 	$(PY) -m experiments.quickstart --workdir workdirs/quickstart
 
-## The whole test suite (what CI runs).
-test: $(STAMP)
+## The whole test suite (what CI runs; about 20 minutes on 2 cores).
+test: debian-packages $(STAMP)
 	$(PY) -m pytest tests
+
+## A development subset: codecs, compressors, transforms, README and repository checks (the
+## layout-equivalence, dtype/shape and non-finite sweeps and the notebook runs are left to
+## `make test`).
+test-fast: $(STAMP)
+	$(PY) -m pytest tests/test_codecs_*.py tests/test_compressors_a.py tests/test_transforms.py \
+	  tests/test_readme.py tests/test_repo_references.py tests/test_notebooks.py \
+	  -k "not layouts_agree and not dtypes_shapes and not nonfinite_policies and not tiny_scale and not blocks_run"
+
+## Execute the notebooks at their default scale and commit them with their outputs.
+notebooks: debian-packages $(STAMP)
+	$(PY) notebooks/execute.py
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.compressors

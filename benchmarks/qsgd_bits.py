@@ -1,6 +1,6 @@
 r"""QSGD-B: bits per iteration of QSGD's Elias-coded message on real gradients, vs the theory.
 
-QSGD (papers/qsgd.md §3.1) quantizes a vector ``v ∈ R^n`` with ``s`` levels,
+QSGD (Alistarh et al., NeurIPS 2017, arXiv:1610.02132, §3.1) quantizes a vector ``v ∈ R^n`` with ``s`` levels,
 ``Q_s(v_i) = ‖v‖₂ · sgn(v_i) · ξ_i`` (Eq. 4), and codes it as 32 bits of
 ``‖v‖₂`` followed, per nonzero, by the Elias-coded gap to it, a sign bit and
 the Elias-coded level. Theorem 3.2 bounds the expected length for ``s ≥ 2``:

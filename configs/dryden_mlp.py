@@ -1,6 +1,7 @@
 r"""DR-T1: Dryden et al.'s MLP, normal vs one-bit, threshold and adaptive quantization (Table 1).
 
-Paper (papers/dryden_adaptive_quantization.md §4, §4.4, Table 1): a
+Paper (Dryden et al., *Communication Quantization for Data-parallel Training
+of Deep Neural Networks*, MLHPC 2016, §4, §4.4, Table 1): a
 784-4096-4096-4096-10 ReLU MLP (36,818,954 parameters) on MNIST, AdaGrad with
 learning rate 0.005, four model replicas (data-parallel workers) of 10 images
 each (total mini-batch 40), identical initialisation, 20 epochs. Test
@@ -27,7 +28,7 @@ of each method was measured first (10 steps + 5 timed:
 (sum of the four step times) / 30,000``, rounded down to 0.01. See
 ``docs/results.md`` for the measured step times and the fraction.
 
-Settings we chose where the paper is silent (DESIGN.md rule 5):
+Settings we chose where the paper is silent (docs/design.md, rule 5):
 
 * **AdaGrad as LBANN had it in 2016** (LLNL/lbann
   ``include/lbann/optimizers/lbann_optimizer_adagrad.hpp``): the accumulator

@@ -1,6 +1,6 @@
 r"""QSGD-T1: ResNet-110 on CIFAR-10, 32-bit vs QSGD 2/4/8-bit (QSGD §5, Table 1).
 
-Paper (papers/qsgd.md §4-5): stochastic quantization per bucket of ``d``
+Paper (Alistarh et al., NeurIPS 2017, arXiv:1610.02132, §4-5): stochastic quantization per bucket of ``d``
 consecutive values, scaled by the bucket's maximum ("we will scale by the
 maximum value of the vector", §4); "2-bit quantization and 128 bucket size,
 and 4-bit and 8-bit quantization with 512 bucket size" (§5); "We will not

@@ -1,6 +1,6 @@
 r"""TG-T2 and TG-F4: AlexNet-BN on ImageNet, TernGrad vs floating, N = 2/4/8 (TernGrad Table 2, Fig. 4).
 
-Paper (papers/terngrad.md §4.2, Table 2): AlexNet with batch normalization on
+Paper (Wen et al., NeurIPS 2017, arXiv:1705.07878, §4.2, Table 2): AlexNet with batch normalization on
 the convolutional layers, momentum SGD (0.9), batch 128 per worker, weight
 decay 5e-4, the same epochs for every N (the base LR grows with the batch):
 

@@ -1,6 +1,6 @@
 r"""TG-T1: CifarNet, TernGrad vs floating, N = 2 and 16 workers, same epochs (TernGrad Table 1).
 
-Paper (papers/terngrad.md §4.1, Table 1): CifarNet (the TensorFlow CIFAR-10
+Paper (Wen et al., NeurIPS 2017, arXiv:1705.07878, §4.1, Table 1): CifarNet (the TensorFlow CIFAR-10
 tutorial ConvNet) on CIFAR-10; training images randomly cropped to 24x24,
 mirrored, brightness and contrast randomly adjusted; center crop at test. Adam,
 base LR 0.0002. "Instead of keeping total mini-batch size unchanged, we

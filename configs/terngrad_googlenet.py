@@ -1,6 +1,6 @@
 r"""TG-T3: GoogLeNet (no auxiliary heads) on ImageNet, TernGrad vs floating, N = 2/4/8 (TernGrad Table 3).
 
-Paper (papers/terngrad.md §4.2, Table 3): GoogLeNet with batch normalization
+Paper (Wen et al., NeurIPS 2017, arXiv:1705.07878, §4.2, Table 3): GoogLeNet with batch normalization
 and without auxiliary classifiers, momentum SGD (0.9), polynomial LR decay
 (power 0.5, to 0; §4), Inception data augmentation [41]; TernGrad with a
 smaller dropout ratio (DR) and weight decay than floating:

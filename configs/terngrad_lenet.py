@@ -1,6 +1,6 @@
 r"""TG-F3: LeNet, TernGrad vs floating, N workers, total batch 64 (TernGrad §4.1, Fig. 3).
 
-Paper (papers/terngrad.md §4.1): LeNet on MNIST without augmentation, total
+Paper (Wen et al., NeurIPS 2017, arXiv:1705.07878, §4.1): LeNet on MNIST without augmentation, total
 mini-batch 64 split over N ∈ {1, 2, 4, 8, 16, 32, 64} workers, 10K iterations,
 momentum SGD (0.9, base LR 0.01) or vanilla SGD (base LR 0.1), polynomial LR
 decay with power 0.5 to zero, weight decay 5e-4. Result: TernGrad within

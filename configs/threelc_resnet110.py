@@ -1,6 +1,6 @@
 r"""3LC-T1 (and 3LC-T2, 3LC-F6): ResNet-110 on CIFAR-10, 3LC vs its baselines (3LC §4, Tables 1-2).
 
-Paper (papers/3lc.md §4.2-4.5): ResNet-110 (He et al. 2015) on CIFAR-10 with
+Paper (Lim, Andersen, Kaminsky, MLSys 2019, arXiv:1802.07389, §4.2-4.5): ResNet-110 (He et al. 2015) on CIFAR-10 with
 crop + flip augmentation; 10 workers, each with a batch of 32 (global batch
 320); momentum SGD 0.9, weight decay 1e-4; the learning rate follows a cosine
 decay without restarts from 0.1 to 0.001, "scaled proportionally to the
@@ -31,9 +31,8 @@ The designs of §4.2 (the sweep, one run each; names as in ``runs/``):
   =====================  ======================================================  ========  ==========
 
 Table 1's speedups (10 Mbps / 100 Mbps / 1 Gbps) are in :data:`PAPER`; they
-need a bandwidth-limited cluster and are not reproduced. (EXPERIMENTS.md gives
-"s=1.75 93.29"; Table 1's rows, whose differences add up, give 93.29 for
-s = 1.50 and 93.51 for s = 1.75.)
+need a bandwidth-limited cluster and are not reproduced. (Table 1's rows, whose
+differences add up, give 93.29 for s = 1.50 and 93.51 for s = 1.75.)
 
 3LC-T2 (Table 2) and 3LC-F6 (Fig. 6) come from the same 3LC runs: every
 run's ``metrics.csv`` has, per logged interval, ``compressed_bytes_on_wire``
@@ -43,9 +42,9 @@ messages, plus the float batch-norm tensors ``float_bytes``: "with ZRE") over
 ``compressed_float32_bytes / 4`` compressed values. Paper (§4.5): 1.6 bits
 per value without zero-run for every s; zero-run "halves the traffic volume"
 at s = 1.00; s = 1.90 "realizes a 160x end-to-end compression ratio and 0.2
-bits per state change"; the abstract: "0.3-0.8 bits ... (39-107x)". The body
-of Table 2 (the s = 1.50 and 1.75 rows) did not survive in papers/3lc.md;
-:data:`PAPER` holds only what the text states.
+bits per state change"; the abstract: "0.3-0.8 bits ... (39-107x)". Table 2's
+rows for s = 1.50 and 1.75 are not quoted here: :data:`PAPER` holds only what
+the text states.
 
 The committed runs are REDUCED (``runlocal``), because one CPU core shared
 with other jobs does about one step of ResNet-8 on 10 x 32 images per 2 s
@@ -121,13 +120,13 @@ PAPER = {
         "3lc_s1.50": (20.9, 8.70, 1.53), "3lc_s1.75": (22.8, 9.04, 1.53),
         "3lc_s1.90": (22.8, 9.22, 1.55),
     },
-    # Table 2 / §4.5 text: bits per state change value. None: not in papers/3lc.md.
+    # Table 2 / §4.5 text: bits per state change value. None: not stated in the text.
     "bits_no_zre": 1.6,
     "bits_zre": {1.00: 0.8, 1.50: None, 1.75: None, 1.90: 0.2},
     "ratio_zre": {1.00: None, 1.50: None, 1.75: None, 1.90: 160},
     "bits_zre_note": ("§4.5: zero-run 'halves the traffic volume' at s = 1.00 (1.6 -> ~0.8 bits); "
                       "s = 1.90: 0.2 bits, 160x; abstract: 0.3-0.8 bits per value, 39-107x. "
-                      "Table 2's rows for s = 1.50 and 1.75 are not in papers/3lc.md."),
+                      "Table 2's rows for s = 1.50 and 1.75 are not quoted."),
     # Figure 6 (s = 1.00 and 1.75; pushes and pulls), as §4.5 describes it.
     "fig6_note": ("Compressed pushes tend to be smaller than compressed pulls until the later stage "
                   "of training ... After finishing approximately 70% of training (when runtime "

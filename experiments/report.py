@@ -27,7 +27,7 @@ FLAGS = flags.FLAGS
 
 
 # Each module under experiments/reports/ renders its paper's experiments:
-# RENDERERS maps an experiment id (EXPERIMENTS.md) to render(runs_by_dataset,
+# RENDERERS maps an experiment id (docs/design.md) to render(runs_by_dataset,
 # out_path, img_dir) -> list of markdown lines. The report lists them in order.
 # An optional RUNS_FROM maps an experiment id to the experiment whose runs it
 # reads, for results measured in another experiment's runs (3LC-T2 and 3LC-F6

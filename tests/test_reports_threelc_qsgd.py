@@ -10,6 +10,7 @@ import csv
 import json
 import math
 import os
+import re
 
 import jax
 import numpy as np
@@ -19,6 +20,7 @@ from benchmarks import qsgd_bits
 from configs import qsgd_resnet110
 from configs import threelc_resnet110
 from experiments import report
+from _report_tables import number, numbers, numbers_after, row, section, table
 from experiments import train
 from jaxcomp import codecs
 
@@ -155,19 +157,30 @@ def test_threelc_renderers_on_fixture_runs(tmp_path):
     _fixture_run(tmp_path, "3LC-T1", "mnist5k", name, base, accs[name], rows)
   out = tmp_path / "docs" / "results.md"
   text = report.build(str(tmp_path), str(out))
-  assert "## 3LC-T1" in text and "## 3LC-T2" in text and "## 3LC-F6" in text
-  assert "3LC-T2" not in text.split("## Not run yet")[-1] if "## Not run yet" in text else True
-  assert "**Scale: REDUCED**" in text and "model: ResNet-8 (paper: ResNet-110)" in text
-  assert "steps: 200 (paper: 25,600)" in text
-  assert f"Runs finished: {len(cfg.DESIGNS)} of {len(cfg.DESIGNS)};" in text
-  # Table 1 row of 3LC s=1.75: paper 93.51 (+0.14), ours 80.80 - 80.00 = +0.80, difference +0.66.
+  t1, t2, f6 = section(text, "3LC-T1"), section(text, "3LC-T2"), section(text, "3LC-F6")
+  if "## Not run yet" in text:
+    assert "3LC-T2" not in section(text, "Not run yet")
+  scale = re.search(r"Scale: \W*(\w+)\W*(.*)", t1)
+  assert scale[1] == "REDUCED" and re.search(r"ResNet-8 \(paper: ResNet-110\)", scale[2])
+  assert numbers(scale[2].split("steps")[1]) == [200, 25600]
+  assert numbers_after(t1, "Runs finished:")[:2] == [len(cfg.DESIGNS)] * 2
+  # Table 1 row of 3LC s=1.75: paper 93.51 (+0.14) beside ours 80.80 - 80.00 = +0.80 (design i).
   i = list(cfg.DESIGNS).index("3lc_s1.75")
-  assert f"| 3LC (s=1.75) | 93.51 | +0.14 | {100 * accs['3lc_s1.75']:.2f} | +{0.1 * i:.2f} | " in text
-  # Table 2 row of s = 1.00: paper 1.6 / 0.8; ours 1.640 / 1.000, ratio 32x, end to end 4400/525.
-  assert "| 1.00 | 1.6 | 1.640 | 0.8 | 1.000 | — | 32.0× | 8.4× |" in text
-  assert "| 1.90 | 1.6 | 1.640 | 0.2 | 1.000 | 160× | 32.0× |" in text
-  # Fig. 6 table: first interval 0.8, last 1.2.
-  assert "| 1.00 | 0.800 | 0.800 | 1.200 | 1.200 | 0.800 | 1.200 |" in text
+  r = row(table(t1, "design", "paper: test acc. (%)"), design="3LC (s=1.75)")
+  assert [number(r[c]) for c in ("paper: test acc. (%)", "paper: Δ vs float (pp)", "ours: test acc. (%)",
+                                 "ours: Δ vs float (pp)", "difference of Δs (pp)")] == [
+                                     93.51, 0.14, round(100 * accs["3lc_s1.75"], 2), round(0.1 * i, 2),
+                                     round(0.1 * i - 0.14, 2)]
+  # Table 2: paper 1.6 / 0.8 at s = 1.00 (0.2 and 160x at 1.90); ours 1.640 bits (205 bytes for
+  # 1000 values) and 1.000 with zero-run, ratio 32x, end to end 4400 / 525 = 8.4x.
+  bits = table(t2, "s", "ours: bits with ZRE")
+  cols = ("paper: bits no ZRE", "ours: bits no ZRE", "paper: bits with ZRE", "ours: bits with ZRE",
+          "paper: ratio", "ours: ratio", "ours: end to end")
+  assert [number(row(bits, s="1.00")[c]) for c in cols] == [1.6, 1.64, 0.8, 1.0, None, 32.0, 8.4]
+  assert [number(row(bits, s="1.90")[c]) for c in cols] == [1.6, 1.64, 0.2, 1.0, 160, 32.0, 8.4]
+  # Fig. 6: the first interval 100 zero-run bytes (0.8 bits), the last 150 (1.2 bits).
+  f = row(table(f6, "s", "first interval"), s="1.00")
+  assert [number(f[c]) for c in ("first interval", "last interval", "min", "max")] == [0.8, 1.2, 0.8, 1.2]
   for png in ("3lc_t1_mnist5k_curves.png", "3lc_t2_mnist5k_bits_vs_s.png", "3lc_f6_mnist5k_bits_vs_step.png"):
     assert (tmp_path / "docs" / "results" / png).exists()
 
@@ -191,10 +204,20 @@ def test_qsgd_renderers_on_fixture_runs(tmp_path):
   (d / "config.json").write_text(json.dumps({"experiment": "QSGD-B"}))
   (d / "command.txt").write_text("python -m benchmarks.qsgd_bits\n")
   text = report.build(str(tmp_path), str(tmp_path / "docs" / "results.md"))
-  assert "## QSGD-T1" in text and "## QSGD-B" in text
-  assert "| QSGD 4-bit, d=512 | 94.19 | +0.33 | 72.00 | +2.00 | +1.67 | 2.248 | 90.9% |" in text
-  assert "| QSGD 2-bit, d=128 | — | — | 71.00 | +1.00 | — |" in text
+  t1, b = section(text, "QSGD-T1"), section(text, "QSGD-B")
+  designs = table(t1, "design", "paper: test acc. (%)")
+  cols = ("paper: test acc. (%)", "paper: Δ vs float (pp)", "ours: test acc. (%)", "ours: Δ vs float (pp)",
+          "difference of Δs (pp)", "quantized bits/value", "quantized share")
+  # 4000 of 4400 gradient bytes quantized (90.9%), 1000 values in 281 bytes = 2.248 bits.
+  assert [number(row(designs, design="QSGD 4-bit, d=512")[c]) for c in cols] == [
+      94.19, 0.33, 72.0, 2.0, 1.67, 2.248, 90.9]
+  assert [number(row(designs, design="QSGD 2-bit, d=128")[c]) for c in cols[:5]] == [
+      None, None, 71.0, 1.0, None]  # the paper gives no 2-bit number for ResNet-110
   sq = next(r for r in res["rows"] if r["s"] == qsgd_bits.SQRT_N and r["scope"] == "model")
-  assert f"| 0 | model | √n = 22 | {sq['bits_mean']:,.0f} " in text
-  assert f"{sq['corollary_3_3_bits']:,.0f}" in text and "(s < 2: outside)" in text
+  msg = row(table(b, "step", "scope", "s"), step="0", scope="model", s="√n = 22")
+  assert number(msg["bits / iteration (min–max)"]) == round(sq["bits_mean"])
+  assert number(msg["Corollary 3.3 (2.8n+32)"]) == round(sq["corollary_3_3_bits"])
+  # s = 1 is outside Theorem 3.2 (s >= 2), and the report says so beside the number.
+  one = row(table(b, "step", "scope", "s"), step="0", scope="model", s="1")
+  assert re.search(r"s < 2\W*outside", one["Theorem 3.2 bound"])
   assert (tmp_path / "docs" / "results" / "qsgd_b_mnist5k_lenet_bits_vs_s.png").exists()

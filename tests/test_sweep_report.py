@@ -2,10 +2,13 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 
 import pytest
+
+from _report_tables import number, numbers_after, row, section, table
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -37,10 +40,17 @@ def test_sweep_then_report(tmp_path):
   text = report.build(str(tmp_path), str(tmp_path / "docs" / "results.md"))
   a = json.load(open(base / "none" / "summary.json"))["test_accuracy"]
   b = json.load(open(base / "terngrad" / "summary.json"))["test_accuracy"]
-  assert f"| 2 | 32 | — | — | — | {100 * a:.2f} | {100 * b:.2f} | {100 * (b - a):+.2f} |" in text
-  assert "Cells finished: 1 of 14" in text
+  f3 = section(text, "TG-F3")
+  cells = table(f3, "N", "per-worker batch", "sgd: floating")
+  two = row(cells, N="2")
+  assert number(two["per-worker batch"]) == 32
+  assert [number(two[c]) for c in ("sgd: floating", "sgd: TernGrad", "sgd: Δ (pp)")] == [
+      round(100 * a, 2), round(100 * b, 2), round(100 * (b - a), 2)]
+  assert all(number(two[c]) is None for c in ("momentum: floating", "momentum: TernGrad"))  # not run
+  assert all(number(r["sgd: floating"]) is None for r in cells if r["N"] != "2")
+  assert numbers_after(f3, "Cells finished:") == [1, 14]
   # A cell outside +-0.5 pp points to the variance diagnostic; one inside does not.
-  assert ("miss the ±0.5 target" in text) == (abs(100 * (b - a)) > 0.5)
+  assert bool(re.search(r"miss\w* the ±0\.5\W* target", f3)) == (abs(100 * (b - a)) > 0.5)
   assert (tmp_path / "docs" / "results" / "tg_f3_mnist5k_accuracy_vs_workers.png").exists()
 
 

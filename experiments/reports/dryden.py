@@ -1,4 +1,4 @@
-"""Dryden et al.'s experiments in the report (papers/dryden_adaptive_quantization.md).
+"""Dryden et al.'s experiments in the report (Dryden et al., MLHPC 2016).
 
 * DR-T1 (Table 1): test accuracy of the 784-4096-4096-4096-10 MLP with normal,
   one-bit, threshold and adaptive exchange, from the training runs under

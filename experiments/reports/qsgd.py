@@ -1,4 +1,4 @@
-"""QSGD's experiments in the report (papers/qsgd.md): QSGD-T1 and QSGD-B.
+"""QSGD's experiments in the report (Alistarh et al., NeurIPS 2017, arXiv:1610.02132): QSGD-T1 and QSGD-B.
 
 QSGD-T1 reads its training runs (``runs/QSGD-T1/<dataset>/<variant>``);
 QSGD-B reads the JSON that ``python -m benchmarks.qsgd_bits`` writes

@@ -1,4 +1,4 @@
-"""3LC's experiments in the report (papers/3lc.md): 3LC-T1, 3LC-T2, 3LC-F6.
+"""3LC's experiments in the report (Lim, Andersen, Kaminsky, MLSys 2019, arXiv:1802.07389): 3LC-T1, 3LC-T2, 3LC-F6.
 
 All three read the runs of 3LC-T1 (``runs/3LC-T1/<dataset>/<design>``): the
 accuracies from ``summary.json``, the bits per value and their course over

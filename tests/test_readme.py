@@ -1,0 +1,209 @@
+"""README.md does what it says: its code runs, and what it names exists and behaves so.
+
+The Python blocks run in order, as one program in a fresh interpreter from the
+repository root (what a user who copies them gets); the blocks use tiny sizes
+already, so nothing is substituted. The metrics, options, compressor names and
+make targets the README names are checked against the library and the Makefile.
+"""
+
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import jaxcomp
+from jaxcomp import codecs
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+
+
+def _blocks(lang):
+  return re.findall(rf"^```{lang}\n(.*?)^```", README, flags=re.S | re.M)
+
+
+def _section(title):
+  """The text of the README section ``## title`` (up to the next ``## ``)."""
+  m = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", README, flags=re.S | re.M)
+  assert m, f"README has no section {title!r}"
+  return m.group(1)
+
+
+def test_readme_python_blocks_run_as_one_program(tmp_path):
+  blocks = _blocks("python")
+  assert len(blocks) >= 2, "the Use example and the shard_map example"
+  program = tmp_path / "readme_program.py"
+  program.write_text("\n".join(blocks))
+  env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu",
+             XLA_FLAGS="--xla_force_host_platform_device_count=8")
+  out = subprocess.run([sys.executable, str(program)], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=600)
+  assert out.returncode == 0, out.stderr[-3000:]
+  lines = out.stdout.strip().splitlines()
+  # The vmap example: the toy task is learnt and the wire is about 16x smaller (2-bit codes).
+  m = re.match(r"loss ([\d.]+), (\d+) bytes on the wire instead of (\d+) \(([\d.]+)x\)", lines[0])
+  assert m, out.stdout
+  loss, wire, f32, ratio = float(m[1]), int(m[2]), int(m[3]), float(m[4])
+  assert loss < 0.5 * np.log(10)  # well below chance (log 10)
+  assert f32 == 4 * (64 * 10 + 10) and 10 < ratio < 16 and abs(f32 / wire - ratio) < 0.1
+  # The shard_map example, over the 8 devices: the same wire format, so the same ratio.
+  m = re.match(r"([\d.]+)x over (\d+) devices", lines[1])
+  assert m and int(m[2]) == 8 and float(m[1]) == pytest.approx(ratio, abs=0.05), out.stdout
+
+
+def test_readme_compressor_list_is_the_registry():
+  text = _section("Compressors and what they report")
+  listed = text.split("`error_feedback`):", 1)[1].split("The table in", 1)[0]
+  named = set(re.findall(r"`([a-z_0-9]+)`", listed)) - {"opt", "pmean"}
+  assert named == set(jaxcomp.names())
+
+
+@pytest.mark.parametrize("name", [n for n in jaxcomp.names() if n != "local_steps"])
+def test_every_compressor_takes_the_options_the_readme_names(name):
+  text = _section("Compressors and what they report")
+  options = re.search(r"each takes (.*?)\)", text, flags=re.S).group(1)
+  options = re.findall(r"`([a-z_]+)`", options)
+  assert options == ["axis_name", "skip", "min_size", "seed", "nonfinite", "error_feedback"]
+  values = {"axis_name": None, "skip": None, "min_size": 8, "seed": 3, "nonfinite": "zero",
+            "error_feedback": name not in ("none",)}
+  if name == "none":  # the float32 pmean baseline: only the exchange axis
+    values = {"axis_name": None}
+  tx = jaxcomp.get_transform(name, **values)
+  params = {"w": jnp.linspace(-1.0, 1.0, 64), "tiny": jnp.ones(4)}
+  state = tx.init(params)
+  updates, _ = tx.update(params, state, params)
+  assert jax.tree.structure(updates) == jax.tree.structure(params)
+  if name != "none":  # min_size=8: the 4-element tensor stays in float32, bit for bit
+    np.testing.assert_array_equal(updates["tiny"], params["tiny"])
+
+
+def test_local_steps_as_the_readme_says():
+  opt = optax.sgd(0.1)
+  tx = jaxcomp.make_optimizer("local_steps", opt, k=2, axis_name=None)
+  params = {"w": jnp.ones(16)}
+  state = tx.init(params)
+  g = {"w": jnp.full(16, 0.5)}
+  first, state = tx.update(g, state, params)
+  second, state = tx.update(g, state, params)
+  # k=2: the first step only accumulates (no update, nothing on the wire); the second exchanges
+  # the mean of the two gradients and the optimizer steps on it.
+  np.testing.assert_array_equal(first["w"], 0.0)
+  np.testing.assert_allclose(second["w"], -0.1 * 0.5)
+  assert float(jaxcomp.metrics(state)["bytes_on_wire"]) > 0
+
+
+def _metrics_after_one_step(factory, grads, workers=2, **kwargs):
+  """The metrics of one exchange among ``workers`` simulated workers (all with ``grads``)."""
+  tx = factory(axis_name="w", **kwargs)
+  state = jaxcomp.parallel.replicate_workers(tx.init(grads), workers)
+  axes = jaxcomp.parallel.worker_axes(state)
+  step = jax.vmap(lambda g, s: tx.update(g, s, g)[1], in_axes=(None, axes), out_axes=axes,
+                  axis_name="w")
+  return {k: float(v) for k, v in jaxcomp.metrics(step(grads, state)).items()}
+
+
+def test_the_metrics_the_readme_names_exist_and_mean_what_it_says():
+  text = _section("Compressors and what they report")
+  named = set(re.findall(r"^\* `([a-z_0-9]+)`:", text, flags=re.M))
+  assert named == {"bytes_on_wire", "float32_bytes", "compression_ratio", "encoded_bytes"}
+  g = {"w": jax.random.normal(jax.random.PRNGKey(0), (1000,)), "b": jnp.ones(10)}
+  m = _metrics_after_one_step(jaxcomp.terngrad, g, min_size=100)
+  assert named <= set(m)
+  # TernGrad: 1000 values at 2 bits (250 bytes) + the float32 scale of the payload + the float32
+  # agreed on (pmax of the scalars, Eq. 4) + 1 non-finite flag byte; the 10-element tensor stays
+  # in float32 (min_size=100): 40 bytes.
+  assert m["bytes_on_wire"] == 250 + 4 + 4 + 1 + 40
+  assert m["float32_bytes"] == 4 * 1010
+  assert m["compression_ratio"] == pytest.approx(4040 / 299)
+  assert m["encoded_bytes"] == m["bytes_on_wire"]  # no variable-length encoding
+  # nonfinite="zero" exchanges no flags.
+  assert _metrics_after_one_step(jaxcomp.terngrad, g, min_size=100, nonfinite="zero")[
+      "bytes_on_wire"] == 299 - 1
+
+
+def test_encoded_bytes_is_the_variable_length_size_where_the_readme_says():
+  text = _section("Compressors and what they report")
+  assert "`threelc`" in text and "`threshold`" in text and "`adaptive`" in text
+  x = jnp.where(jnp.arange(4000) % 50 == 0, 1.0, 1e-4) * jnp.where(jnp.sin(jnp.arange(4000.0)) < 0, -1.0, 1.0)
+  g = {"w": x}
+  # 3LC: the exact zero-run size of the base-3^5 bytes, plus the 4-byte scale and the flag byte.
+  m = _metrics_after_one_step(jaxcomp.threelc, g, sparsity=1.0)
+  payload = jaxcomp.ThreeLC(sparsity=1.0).encode(x, jax.random.PRNGKey(0), None)
+  assert m["encoded_bytes"] == int(codecs.zero_run_length(payload.codes)) + 4 + 1
+  assert m["encoded_bytes"] < m["bytes_on_wire"]
+  # threshold: 4 bytes per sent word (80 entries above tau) instead of the fixed slots.
+  m = _metrics_after_one_step(jaxcomp.threshold, g, tau=0.5)
+  assert m["encoded_bytes"] == 4 * 80 + 1 and m["bytes_on_wire"] > m["encoded_bytes"]
+  # every other compressor: encoded_bytes is bytes_on_wire.
+  for name in ("qsgd", "onebit", "int8", "topk", "signsgd"):
+    m = _metrics_after_one_step(lambda **kw: jaxcomp.get_transform(name, **kw), g)
+    assert m["encoded_bytes"] == m["bytes_on_wire"], name
+
+
+def test_every_make_target_the_docs_name_exists():
+  makefile = (ROOT / "Makefile").read_text()
+  defined = set(re.findall(r"^([a-z][a-z0-9_-]*):", makefile, flags=re.M))
+  phony = set(re.search(r"^\.PHONY:(.*)$", makefile, flags=re.M).group(1).split())
+  assert phony <= defined, f"listed in .PHONY but not defined: {phony - defined}"
+  named = set(re.findall(r"`make ([a-z][a-z0-9_-]*)`", README))
+  for block in _blocks("bash"):
+    named |= set(re.findall(r"^make ([a-z][a-z0-9_-]*)", block, flags=re.M))
+  assert {"quickstart", "test"} <= named
+  assert named <= defined, f"named in README.md but not in the Makefile: {named - defined}"
+
+
+def test_quick_start_is_two_commands():
+  block = _blocks("bash")[0]
+  commands = [line.split("#")[0].strip() for line in block.splitlines() if line.split("#")[0].strip()]
+  assert commands == ["make quickstart", "make test"]
+
+
+def _compressor_class(name):
+  import importlib
+  from jaxcomp import core
+  module = importlib.import_module(f"jaxcomp.compressors.{name}")
+  (cls,) = [v for v in vars(module).values()
+            if isinstance(v, type) and issubclass(v, core.Compressor) and v.__module__ == module.__name__]
+  return cls
+
+
+def test_the_common_options_do_what_the_readme_says():
+  text = _section("Compressors and what they report")
+  listed = re.search(r"on by\s+default for the biased compressors: (.*?)\)", text, flags=re.S).group(1)
+  with_ef = {n for n in jaxcomp.names() if n not in ("none", "local_steps")
+             and _compressor_class(n).error_feedback}
+  assert set(re.findall(r"`([a-z_0-9]+)`", listed)) == with_ef
+  g = {"w": jax.random.normal(jax.random.PRNGKey(1), (512,)), "b": jnp.linspace(-1.0, 1.0, 16)}
+
+  def one_step(**kwargs):
+    tx = jaxcomp.terngrad(**kwargs)
+    updates, state = tx.update(g, tx.init(g), g)
+    return updates, state, {k: float(v) for k, v in jaxcomp.metrics(state).items()}
+
+  # skip: True keeps the tensor in float32, bit for bit, and it is counted as float bytes.
+  upd, _, m = one_step(skip={"w": False, "b": True})
+  np.testing.assert_array_equal(upd["b"], g["b"])
+  assert m["float_bytes"] == 4 * 16 and not np.array_equal(upd["w"], g["w"])
+  # seed: the same seed draws the same ternary codes, another seed others.
+  a, b, c = (one_step(seed=s)[0]["w"] for s in (0, 0, 1))
+  np.testing.assert_array_equal(a, b)
+  assert not np.array_equal(a, c)
+  # nonfinite: a NaN makes the tensor's average NaN ("propagate") or is sent as zeros ("zero").
+  bad = dict(g, w=g["w"].at[3].set(jnp.nan))
+  for policy, check in (("propagate", lambda u: np.isnan(u).all()), ("zero", lambda u: (u == 0).all())):
+    tx = jaxcomp.terngrad(nonfinite=policy)
+    upd, state = tx.update(bad, tx.init(bad), bad)
+    assert check(np.asarray(upd["w"])), policy
+    assert float(jaxcomp.metrics(state)["nonfinite_tensors"]) == 1
+  # error_feedback: what quantization dropped is kept: update + residual = gradient.
+  upd, state, _ = one_step(error_feedback=True)
+  residual = state.local.residual
+  np.testing.assert_allclose(upd["w"] + residual["w"], g["w"], rtol=1e-6, atol=1e-6)
+  assert float(jnp.abs(residual["w"]).sum()) > 0
