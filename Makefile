@@ -50,7 +50,7 @@ test: debian-packages $(STAMP)
 ## layout-equivalence, dtype/shape and non-finite sweeps and the notebook runs are left to
 ## `make test`).
 test-fast: $(STAMP)
-	$(PY) -m pytest tests/test_codecs_*.py tests/test_compressors_a.py tests/test_transforms.py \
+	$(PY) -m pytest tests/test_codecs_*.py tests/test_quantizers.py tests/test_transforms.py \
 	  tests/test_readme.py tests/test_repo_references.py tests/test_notebooks.py \
 	  -k "not layouts_agree and not dtypes_shapes and not nonfinite_policies and not tiny_scale and not blocks_run"
 
