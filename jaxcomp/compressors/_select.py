@@ -11,8 +11,9 @@ sparsification and PowerSGD have in common:
   dynamic rank, found with ``lax.top_k`` (small ranks) or radix selection (no sort);
 * **fixed-capacity compaction** (:func:`compact_rows`, or
   :func:`compact_words` from a mask already packed by :func:`pack_rows`):
-  which selected entries fit into a static number of slots (the first in row
-  order), and which row each slot holds;
+  which selected entries fit into a static number of slots (a window of
+  consecutive selected entries starting at a rank drawn uniformly from a key,
+  or the first in row order without one), and which row each slot holds;
 * **sparse words** (:func:`slot_words`, :func:`read_words`,
   :func:`scatter_columns`): the selected entries as Dryden §3.2's 32-bit words
   (:mod:`jaxcomp.codecs.sparse`: 1 sign bit, 31 index bits) in fixed slots,
@@ -191,7 +192,7 @@ def kth_largest(pool: jax.Array, valid: jax.Array, t: jax.Array, kmax: int) -> j
 
 
 class Slots(NamedTuple):
-  """The first ``capacity`` selected rows of each column (see :func:`compact_rows`)."""
+  """The selected rows of each column that fit into ``capacity`` slots (see :func:`compact_words`)."""
 
   rows: jax.Array  # int32 (capacity, cols): the selected row held by each slot, in row order; `fill` where empty
   used: jax.Array  # bool (capacity, cols): the slot holds a row
@@ -293,38 +294,68 @@ def pack_rows(mask: jax.Array) -> jax.Array:
   return jnp.sum(m, axis=1, dtype=jnp.uint32)
 
 
-def compact_rows(mask: jax.Array, capacity: int, fill: int = 0) -> Slots:
-  """The first ``capacity`` selected rows of every column (``mask``: bool ``(rows, cols)``).
+def compact_rows(mask: jax.Array, capacity: int, fill: int = 0, key: Optional[jax.Array] = None) -> Slots:
+  """The selected rows of every column that fit into ``capacity`` slots (``mask``: bool ``(rows, cols)``).
 
   :func:`compact_words` of :func:`pack_rows`; see there.
   """
-  return compact_words(pack_rows(mask), capacity, fill)
+  return compact_words(pack_rows(mask), capacity, fill, key)
 
 
-def compact_words(words: jax.Array, capacity: int, fill: int = 0) -> Slots:
-  """The first ``capacity`` selected rows of every column, with no full-size scan or scatter.
+_START_STREAM = 0x5E1EC7  # folded into compact_words' key, so its draw is independent of the caller's own
 
-  When more entries are selected than fit, the ones with the smallest row
-  index win (the rest overflow; with error feedback they stay in the residual
-  and compete again at the next step). The obvious way, a cumulative sum over
-  the rows and a scatter of every entry, is what dominates on XLA:CPU for
-  large tensors. Instead, from the mask packed into 32-bit words
-  (:func:`pack_rows`, one fused elementwise pass):
+
+def start_ranks(key: jax.Array, total: jax.Array) -> jax.Array:
+  """Per column, a rank drawn uniformly from ``[0, total)`` (0 where ``total == 0``).
+
+  32 random bits modulo ``total``: the modulo bias is below ``total / 2**32``.
+  """
+  bits = jax.random.bits(jax.random.fold_in(key, _START_STREAM), total.shape, jnp.uint32)
+  return (bits % jnp.maximum(total, 1).astype(jnp.uint32)).astype(jnp.int32)
+
+
+def compact_words(words: jax.Array, capacity: int, fill: int = 0, key: Optional[jax.Array] = None) -> Slots:
+  """The selected rows of every column that fit into ``capacity`` slots, with no full-size scan or scatter.
+
+  When more entries are selected than fit (``total > capacity`` in a
+  column), which ones are sent is the overflow policy; the rest overflow
+  (with error feedback they stay in the residual and compete again at the
+  next step):
+
+  * with a ``key``: the ``capacity`` selected entries whose ranks (their
+    order by row among the column's selected entries) are ``r, r + 1, …``
+    modulo ``total``, with the start ``r`` drawn uniformly from ``[0,
+    total)`` (:func:`start_ranks`). Every selected entry is then sent with
+    probability exactly ``capacity / total``, whatever its row and whatever
+    the layout of the others: no position has a standing advantage. (A start
+    drawn over the *rows* instead would favour the entries that follow a long
+    run of unselected rows.)
+  * without: the first ``capacity`` in row order (``r = 0``).
+
+  The slots hold their rows in increasing row order either way (a wrapped
+  window is ranks ``0 … a − 1`` then ``r … total − 1``).
+
+  The obvious way, a cumulative sum over the rows and a scatter of every
+  entry, is what dominates on XLA:CPU for large tensors. Instead, from the
+  mask packed into 32-bit words (:func:`pack_rows`, one fused elementwise
+  pass):
 
   1. count the words' bits and take a cumulative sum over the words (32x
      shorter than the column, :func:`prefix_sum_rows`);
-  2. the word that holds each slot's selected row: the prefix sum of a
-     histogram of those cumulative counts (for slot ``s``, the number of
-     words with at most ``s`` selected rows up to and including them); a
-     binary search on popcounts then finds the bit within the word.
+  2. the word that holds each slot's selected entry: the prefix sum of a
+     histogram over the words of the first slot each word's inclusive count
+     reaches (for slot ``s`` holding rank ``q(s)``, the number of words with
+     at most ``q(s)`` selected entries up to and including them); a binary
+     search on popcounts then finds the bit within the word.
 
   These steps touch ``rows / 32`` and ``capacity`` values per column instead of
-  ``rows``.
+  ``rows``; the start costs nothing more.
 
   Args:
     words: uint32 ``(nwords, cols)`` in :func:`pack_rows`'s layout.
     capacity: static slots per column (``>= 1``).
     fill: the row index written into empty slots.
+    key: a PRNG key for the start ranks, or ``None`` for the first in row order.
   """
   nwords, cols = words.shape
   pc = lax.population_count(words).astype(jnp.int32)  # (nwords, cols)
@@ -332,13 +363,24 @@ def compact_words(words: jax.Array, capacity: int, fill: int = 0) -> Slots:
   total = incl[-1]
   count = jnp.minimum(total, capacity)
   slot = lax.broadcasted_iota(jnp.int32, (capacity, cols), 0)
-  # w[s] = number of words whose inclusive count is <= s: the word holding
-  # selected entry s. A histogram of the inclusive counts below `capacity`
-  # (one scatter-add of nwords values per column) and its prefix sum give it
-  # for every slot at once (a per-slot binary search would need log2(nwords)
-  # dependent gathers, which are slow).
+  # The window of ranks: slot s holds rank q(s) = s for s < a, r + s - a after
+  # (strictly increasing), a = the part that wraps past the last rank.
+  if key is None:
+    q, first_slot = slot, incl
+  else:
+    over = total > capacity
+    r = jnp.where(over, start_ranks(key, total), 0)
+    a = jnp.where(over, jnp.maximum(r + capacity - total, 0), 0)
+    q = jnp.where(slot < a, slot, r + slot - a)
+    first_slot = jnp.where(incl < a, incl, jnp.where(incl <= r, a, a + incl - r))
+  # w[s] = number of words whose inclusive count is <= q(s): the word holding
+  # rank q(s). Per word, the first slot s_w with q(s_w) >= its inclusive
+  # count; a histogram of those below `capacity` (one scatter-add of nwords
+  # values per column) and its prefix sum give w for every slot at once (a
+  # per-slot binary search would need log2(nwords) dependent gathers, which are slow).
+  # Without a start (r = a = 0), s_w is the inclusive count itself.
   col = lax.broadcasted_iota(jnp.int32, incl.shape, 1)
-  hist = jnp.zeros((capacity, cols), jnp.int32).at[incl, col].add(1, mode="drop")
+  hist = jnp.zeros((capacity, cols), jnp.int32).at[first_slot, col].add(1, mode="drop")
   w = prefix_sum_rows(hist, nwords)  # the histogram counts words
   used = slot < count[None, :]
   wc = jnp.minimum(w, nwords - 1)
@@ -346,7 +388,7 @@ def compact_words(words: jax.Array, capacity: int, fill: int = 0) -> Slots:
   word = jnp.take_along_axis(words, wc, axis=0)
   # Materialised: read twice (the slots' rows, and Slots.values's gather),
   # and XLA would otherwise redo the bit search inside each reader.
-  row = materialize(wc * _WORD + _select_bit(word, slot - before))
+  row = materialize(wc * _WORD + _select_bit(word, q - before))
   overflow = jnp.sum(total) - jnp.sum(count)
   return Slots(rows=jnp.where(used, row, fill), used=used, count=count, overflow=overflow)
 

@@ -46,10 +46,15 @@ Decisions (tested in ``tests/test_column_compressors.py``):
   ceil(π·rows) + 1`` always, so exact selection never overflows unless values
   tie at a threshold. Sampled thresholds let through ``π`` of each side only
   on average, so with sampling the default is twice that, ``min(rows,
-  ceil(2π·rows) + 1)``; more still may pass: the entries first in row order
-  win, the rest stay in the residual and are counted in the metric
-  ``overflow``. Empty slots hold the word ``0xFFFFFFFF`` (no entry), so no
-  counts travel; the fixed slots per column replace the paper's "special
+  ceil(2π·rows) + 1)``; more still may pass. Then, as in threshold
+  quantization, every selected entry of the column has the same chance,
+  ``cap/S``, to be sent: the sent ones are consecutive in row order among
+  the ``S`` selected, from a rank drawn uniformly from the encode key
+  (:func:`jaxcomp.compressors._select.compact_words`), so no row has a
+  standing advantage (the first in row order would send the same rows at
+  every overflowing step); the rest stay in the residual and are counted in
+  the metric ``overflow``. Empty slots hold the word ``0xFFFFFFFF`` (no
+  entry), so no counts travel; the fixed slots per column replace the paper's "special
   separator" between columns. ``bytes_on_wire = 4·cols·cap + 8·cols``. ``capacity`` (a
   fraction of the rows or a count) sets ``cap`` explicitly, e.g. 1/32 for
   sampled thresholds: one-bit's byte budget (Dryden Fig. 3: adaptive's data
@@ -154,7 +159,7 @@ class Adaptive(core.Compressor):
     tau_pos, tau_neg = self.thresholds(x2, key)
     above = jnp.logical_and(x2 >= tau_pos, x2 > 0)
     below = jnp.logical_and(x2 <= tau_neg, x2 < 0)
-    s = _select.compact_rows(jnp.logical_or(above, below), self.slots(x2.shape[0]), sparse.MAX_INDEX)
+    s = _select.compact_rows(jnp.logical_or(above, below), self.slots(x2.shape[0]), sparse.MAX_INDEX, key)
     values = s.values(x2)  # (slots, cols): the sent entries, 0 in empty slots
     sent_pos = values > 0
     sent_neg = values < 0

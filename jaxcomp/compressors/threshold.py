@@ -24,14 +24,25 @@ evaluate (:func:`jaxcomp.compressors._select.rice_bits`).
 Decisions (tested in ``tests/test_column_compressors.py``):
 
 * Strict inequalities, as the paper words them: ``|x| = τ`` is not sent.
-* **Over capacity**, the entries **first in index order** win (one cumulative
-  sum, no sort); the others are not sent this step, stay in the residual
-  (``decode(own payload)`` excludes them, so the shared error feedback keeps
-  them) and are counted in the metric ``overflow``. Choosing the largest
-  would need a sort, and under a fixed threshold every sent entry carries the
-  same ``±τ`` anyway. A persistently overflowing tensor is the "degenerate
-  situation where error feedback builds up" that Dryden §3.3 warns of: choose
-  ``τ`` (or the capacity) so that ``overflow`` stays rare.
+* **Over capacity** (``S`` entries over ``τ``, ``K < S`` slots), every
+  entry over ``τ`` has the same chance, ``K/S``, to be sent this step: the
+  ``K`` sent are consecutive in index order among the ``S``, starting at a
+  rank drawn uniformly from the encode key (wrapping around;
+  :func:`jaxcomp.compressors._select.compact_words`, still one cumulative
+  sum and no sort). Strom's rule sends every entry over ``τ``, each as the
+  same ``±τ`` whatever its excess; a capacity can only scale that down, so
+  over many steps each position's sends stay proportional to the number of
+  steps it was over ``τ``. Taking the first in index order instead would
+  send the same low indices at every step and withhold the rest for good;
+  taking the largest would need a sort and, under a persistent overflow,
+  starve the smaller entries over ``τ`` (their residual grows slower than
+  the level the largest are held at). The others are not sent this step,
+  stay in the residual (``decode(own payload)`` excludes them, so the shared
+  error feedback keeps them) and are counted in the metric ``overflow``. A
+  persistently overflowing tensor is the "degenerate situation where error
+  feedback builds up" that Dryden §3.3 warns of: choose ``τ`` (or the
+  capacity) so that ``overflow`` stays rare. (Tested in
+  ``tests/test_overflow_fairness.py``.)
 * ``τ`` defaults to 0.01; the paper gives none ("requires a carefully-chosen
   threshold"), it depends on the model and the learning rate.
 * The aggregate scatters every worker's words into one tensor, once.
@@ -88,10 +99,10 @@ class Threshold(core.Compressor):
     _select.check_word_rows(core.size_of(shape), "threshold quantization: the tensor")
 
   def encode_with_metrics(self, x, key, agreed):
-    del key, agreed
+    del agreed
     x2 = x.reshape(-1, 1)
     s = _select.compact_rows(jnp.abs(x2) > self.tau, _select.capacity_count(self.capacity, x2.shape[0]),
-                             sparse.MAX_INDEX)
+                             sparse.MAX_INDEX, key)
     return ThresholdPayload(words=_select.slot_words(x2, s)[:, 0]), {"overflow": s.overflow}
 
   def encode(self, x, key, agreed):
