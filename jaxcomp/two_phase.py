@@ -56,10 +56,15 @@ Semantics (tested in ``tests/test_two_phase.py``):
 * **Padding**: the last chunk's zero padding is encoded with it (it can shift
   that chunk's statistics, e.g. TernGrad's ``σ``) and its decoded values
   are dropped.
+* **3LC** compresses its pulls this way, as the paper does (its servers
+  compress the model deltas workers pull, §3): with the default error
+  feedback both phases keep residuals. With ``capacity`` (the zero-run stream
+  on the wire in a fixed buffer) both phases send the buffers, with a plain
+  base-3^5 round where a stream did not fit (see :func:`two_phase_exchange`).
 * **Refused**: compressors with their own exchange (``custom_exchange``:
   PowerSGD, whose all-reduces of the float factors already move
-  ``≈ 2(N − 1)/N`` of them; 3LC with ``capacity``) raise with
-  ``exchange="two_phase"`` and stay on their own exchange with ``"auto"``.
+  ``≈ 2(N − 1)/N`` of them per worker) raise with ``exchange="two_phase"``
+  and keep their own exchange with ``"auto"``.
 * **Too small to split**: a tensor with fewer than ``N`` aligned blocks
   (:func:`layout` returns ``None``) stays on the all-gather.
 
@@ -101,7 +106,7 @@ def check_exchange(exchange: str) -> None:
 
 def unsupported(compressor: core.Compressor) -> Optional[str]:
   """Why ``compressor`` has no two-phase form, or ``None`` if it has one."""
-  if compressor.custom_exchange:
+  if compressor.custom_exchange and _plain(compressor) is None:
     return (f"compressor {compressor.name!r} runs its own exchange (custom_exchange), which "
             "exchange='two_phase' cannot split into chunks. (PowerSGD's all-reduces of its "
             "float factors already move about 2(N-1)/N of them per worker.) Use "
@@ -200,9 +205,11 @@ def two_phase_bytes(compressor: core.Compressor, n: int, workers: int) -> Option
   shard_c = shard_compressor(compressor)
   _, shard_payload = _structs(shard_c, lay.chunk)
   a = workers * core.tree_nbytes(agreed) if agreed is not None else 0
+  flag = 1 if _plain(compressor) is not None else 0  # agrees on a fallback round (none counted here)
   p1, p2 = core.tree_nbytes(chunk_payload), core.tree_nbytes(shard_payload)
-  return Bytes(handed=workers * p1 + p2 + a,
-               received=(workers - 1) * (p1 + p2) + allreduce_received(a, workers))
+  return Bytes(handed=workers * p1 + p2 + a + flag,
+               received=(workers - 1) * (p1 + p2) + allreduce_received(a, workers)
+               + allreduce_received(flag, workers))
 
 
 def choose(compressor: core.Compressor, n: int, workers: int, exchange: str) -> str:
@@ -314,11 +321,12 @@ class TwoPhaseResult(NamedTuple):
     own: float32, what this worker's phase-1 chunks decode to (``None`` unless
       asked): error feedback's ``x − own`` is the phase-1 residual.
     payload: this worker's phase-1 payload, ``N`` chunk payloads stacked.
-    wire_bytes: static bytes this worker handed to collectives (all ``N``
-      chunk payloads, the shard payload, the per-chunk agreed scalars).
-    received_bytes: static bytes that arrived from the other workers.
+    wire_bytes: bytes this worker handed to collectives (all ``N`` chunk
+      payloads, the shard payload, the per-chunk agreed scalars): an int, or
+      an int32 scalar when a fallback round may run (3LC's zero-run wire).
+    received_bytes: bytes that arrived from the other workers (int or int32 scalar).
     encoded_bytes: like ``wire_bytes`` with the exact size of a variable-length
-      encoding where the compressor has one (an int32 scalar), else ``wire_bytes``.
+      encoding where the compressor has one (an int32 scalar).
     shard_residual: the new full-size phase-2 residual (``None`` if none was given).
     metrics: the encoders' counters, summed over the chunks and the shard.
   """
@@ -326,23 +334,132 @@ class TwoPhaseResult(NamedTuple):
   mean: jax.Array
   own: Optional[jax.Array]
   payload: core.Payload
-  wire_bytes: int
-  received_bytes: int
+  wire_bytes: Any
+  received_bytes: Any
   encoded_bytes: Any
   shard_residual: Optional[jax.Array]
   metrics: dict[str, jax.Array]
 
 
-def _encoded(compressor: core.Compressor, payload: core.Payload, chunk: int, static: int) -> Any:
+def _plain(compressor: core.Compressor) -> Optional[core.Compressor]:
+  """The compressor's fixed-size fallback wire (3LC's base-3^5 behind its zero-run buffer), if any."""
+  return getattr(compressor, "plain_compressor", None)
+
+
+def _decode_all(compressor: core.Compressor, payloads: core.Payload, chunk: int) -> jax.Array:
+  """Decodes stacked payloads of ``chunk`` values each and lays them end to end (flat)."""
+  return jax.vmap(lambda p: compressor.decode(p, (chunk,)))(payloads).reshape(-1)
+
+
+def _encoded(compressor: core.Compressor, payload: core.Payload, chunk: int, static: int) -> jax.Array:
   size = compressor.encoded_bytes(payload, (chunk,))
   return jnp.int32(static) if size is None else jnp.asarray(size, jnp.int32)
 
 
-def _counters(compressor: core.Compressor, metrics: dict, payload: core.Payload, chunk: int) -> dict:
+def _add(metrics: dict, more: dict) -> dict:
   out = dict(metrics)
-  for k, v in compressor.extra_metrics(payload, (chunk,)).items():
-    out[k] = out.get(k, 0) + jnp.asarray(v, jnp.int32)
+  for k, v in more.items():
+    out[k] = out.get(k, 0) + jnp.sum(jnp.asarray(v)).astype(jnp.int32)
   return out
+
+
+class _Sent(NamedTuple):
+  """One phase's message: what it decodes to here, and its accounting."""
+
+  payload: core.Payload
+  decoded_here: Optional[jax.Array]  # what this worker's own message decodes to (flat), if asked
+  handed: Any
+  received: Any
+  encoded: jax.Array
+  metrics: dict
+
+
+def _phase1_encode(compressor, chunks, key, axis_name, need_own):
+  """Agrees per chunk (one pmax of N values), encodes every chunk with its own key."""
+  workers, c = chunks.shape
+  agreed = jax.vmap(compressor.agree)(chunks)
+  agreement = 0
+  if agreed is not None:
+    agreement = core.tree_nbytes(agreed)
+    agreed = parallel.pmax(agreed, axis_name)
+  keys = jax.vmap(lambda j: jax.random.fold_in(key, j))(jnp.arange(workers))
+  payload, metrics = jax.vmap(compressor.encode_with_metrics)(chunks, keys, agreed)
+  payload = lax.optimization_barrier(payload)  # the wire: materialized once (see parallel.exchange)
+  metrics = _add(metrics, jax.vmap(lambda p: compressor.extra_metrics(p, (c,)))(payload))
+  p1 = core.tree_nbytes(payload) // workers
+  encoded = jnp.sum(jax.vmap(lambda p: _encoded(compressor, p, c, p1))(payload)) + agreement
+  plain = _plain(compressor)
+  own = None
+  if need_own:
+    # With a fallback wire, the buffer of a stream that did not fit holds no codes; the plain
+    # encoding quantizes the same way and always decodes.
+    source = payload if plain is None else jax.vmap(plain.encode)(chunks, keys, agreed)
+    own = _decode_all(plain or compressor, source, c)
+  sent = _Sent(payload, own, workers * p1 + agreement,
+               (workers - 1) * p1 + allreduce_received(agreement, workers), encoded, metrics)
+  return sent, (keys, agreed)
+
+
+def _phase1_reduce(compressor, sent, chunks, keys_agreed, axis_name):
+  """Scatters chunk j to worker j and reduces what arrived; with a fallback wire, a plain round if needed."""
+  workers, c = chunks.shape
+  received = all_to_all(sent.payload, axis_name)
+  plain = _plain(compressor)
+  if plain is None:
+    return reduce_chunks(compressor, received, c), sent
+  # Every worker must take the same branch (the fallback runs a collective): agree on one flag.
+  overflow = parallel.pmax(jnp.any(~compressor.fits(received)).astype(jnp.uint8), axis_name) > 0
+
+  def from_plain():
+    keys, agreed = keys_agreed
+    payload = jax.vmap(plain.encode)(chunks, keys, agreed)
+    return reduce_chunks(plain, all_to_all(payload, axis_name), c)
+
+  shard = lax.cond(overflow, from_plain, lambda: reduce_chunks(compressor, received, c))
+  p_plain = core.tree_nbytes(jax.eval_shape(plain.encode, chunks[0], keys_agreed[0][0], None))
+  extra = overflow.astype(jnp.int32)
+  sent = sent._replace(
+      handed=sent.handed + 1 + extra * (workers * p_plain),
+      received=sent.received + allreduce_received(1, workers) + extra * ((workers - 1) * p_plain),
+      encoded=sent.encoded + 1,
+      metrics=_add(sent.metrics, {"zero_run_fallback_rounds": extra}))
+  return shard, sent
+
+
+def _phase2(compressor, shard, shard_residual, lay, key, axis_name):
+  """Re-encodes this worker's shard (plus its residual), gathers all shards, decodes them."""
+  c, workers = lay.chunk, lay.workers
+  start = parallel.axis_index(axis_name) * c
+  y = shard
+  if shard_residual is not None:
+    padded = jnp.pad(shard_residual.reshape(-1).astype(jnp.float32), (0, lay.padded - lay.n))
+    y = shard + lax.dynamic_slice(padded, (start,), (c,))
+  agreed = compressor.agree(y)  # one encoder per shard: its own scalars, no agreement round
+  payload, metrics = compressor.encode_with_metrics(y, key, agreed)
+  payload = lax.optimization_barrier(payload)
+  p2 = core.tree_nbytes(payload)
+  metrics = _add(metrics, compressor.extra_metrics(payload, (c,)))
+  gathered = parallel.all_gather(payload, axis_name)
+  plain = _plain(compressor)
+  if plain is None:
+    mean = _decode_all(compressor, gathered, c)
+    sent_here = compressor.decode(payload, (c,)) if shard_residual is not None else None
+    handed, received = p2, (workers - 1) * p2
+  else:
+    plain_payload = plain.encode(y, key, agreed)
+    fits = jnp.all(compressor.fits(gathered))  # the same on every worker: all lengths were gathered
+    mean = lax.cond(fits, lambda: _decode_all(compressor, gathered, c),
+                    lambda: _decode_all(plain, parallel.all_gather(plain_payload, axis_name), c))
+    sent_here = plain.decode(plain_payload, (c,))
+    extra = (~fits).astype(jnp.int32) * core.tree_nbytes(plain_payload)
+    handed, received = p2 + extra, (workers - 1) * (p2 + extra)
+    metrics = _add(metrics, {"zero_run_fallback_rounds": ~fits})
+  new_residual = None
+  if shard_residual is not None:
+    kept = lax.dynamic_update_slice(jnp.zeros((lay.padded,), jnp.float32), y - sent_here, (start,))
+    new_residual = kept[:lay.n].reshape(shard_residual.shape)
+  sent = _Sent(payload, None, handed, received, _encoded(compressor, payload, c, p2), metrics)
+  return mean[:lay.n], new_residual, sent
 
 
 def two_phase_exchange(
@@ -356,8 +473,17 @@ def two_phase_exchange(
 ) -> TwoPhaseResult:
   """The two-phase exchange of one tensor (see the module docstring).
 
+  With a compressor that has a fallback wire (3LC with ``capacity``: its
+  zero-run stream in a fixed buffer), both phases send the buffers; if a
+  stream did not fit, that phase runs a second round with the plain
+  base-3^5 payloads, on every worker alike (phase 1 agrees on it with a
+  one-byte ``pmax``; in phase 2 every worker sees every length). The
+  fallback changes bytes, never numbers; the rounds that ran are counted in
+  ``zero_run_fallback_rounds``, the streams that did not fit in
+  ``zero_run_fallbacks``.
+
   Args:
-    compressor: a compressor without its own exchange.
+    compressor: a compressor without its own exchange (or with a fallback wire).
     x: this worker's float32 tensor (error feedback already added).
     key: this worker's key for this tensor and step; phase 1 uses one half
       of it (folded with the chunk index), phase 2 the other.
@@ -380,59 +506,20 @@ def two_phase_exchange(
   if lay is None:
     raise ValueError(f"a tensor of {n} values is too small to split over {workers} workers "
                      f"(needs >= {workers * alignment(compressor)}); use the all-gather.")
-  c = lay.chunk
   key1, key2 = jax.random.split(key)
-
-  # Phase 1: encode every chunk (agreeing per chunk), scatter, reduce.
-  chunks = jnp.pad(x.reshape(-1).astype(jnp.float32), (0, lay.padded - n)).reshape(workers, c)
-  agreed = jax.vmap(compressor.agree)(chunks)
-  agreement = 0
-  if agreed is not None:
-    agreement = core.tree_nbytes(agreed)
-    agreed = parallel.pmax(agreed, axis_name)
-  keys = jax.vmap(lambda j: jax.random.fold_in(key1, j))(jnp.arange(workers))
-  payload, enc_metrics = jax.vmap(compressor.encode_with_metrics)(chunks, keys, agreed)
-  payload = lax.optimization_barrier(payload)  # the wire: materialized once (see parallel.exchange)
-  metrics = {k: jnp.sum(v).astype(jnp.int32) for k, v in enc_metrics.items()}
-  extra = jax.vmap(lambda p: compressor.extra_metrics(p, (c,)))(payload)
-  for k, v in extra.items():
-    metrics[k] = metrics.get(k, 0) + jnp.sum(v).astype(jnp.int32)
-  p1 = core.tree_nbytes(payload) // workers
-  encoded = jnp.sum(jax.vmap(lambda p: _encoded(compressor, p, c, p1))(payload))
-  own = None
-  if need_own:
-    own = jax.vmap(lambda p: compressor.decode(p, (c,)))(payload).reshape(-1)[:n].reshape(shape)
-  received = all_to_all(payload, axis_name)
-  shard = reduce_chunks(compressor, received, c).astype(jnp.float32)
-
-  # Phase 2: re-encode this worker's shard (with its own residual), gather, decode.
-  sc = shard_compressor(compressor)
-  start = parallel.axis_index(axis_name) * c
-  y = shard
-  if shard_residual is not None:
-    padded = jnp.pad(shard_residual.reshape(-1).astype(jnp.float32), (0, lay.padded - n))
-    y = shard + lax.dynamic_slice(padded, (start,), (c,))
-  p_shard, shard_metrics = sc.encode_with_metrics(y, key2, sc.agree(y))
-  p_shard = lax.optimization_barrier(p_shard)
-  p2 = core.tree_nbytes(p_shard)
-  for k, v in _counters(sc, shard_metrics, p_shard, c).items():
-    metrics[k] = metrics.get(k, 0) + jnp.asarray(v, jnp.int32)
-  encoded = encoded + _encoded(sc, p_shard, c, p2) + jnp.int32(agreement)
-  new_residual = None
-  if shard_residual is not None:
-    kept = y - sc.decode(p_shard, (c,))
-    new_residual = lax.dynamic_update_slice(jnp.zeros((lay.padded,), jnp.float32), kept, (start,))
-    new_residual = new_residual[:n].reshape(shape)
-  gathered = parallel.all_gather(p_shard, axis_name)
-  mean = jax.vmap(lambda p: sc.decode(p, (c,)))(gathered).reshape(-1)[:n].reshape(shape)
-
+  chunks = jnp.pad(x.reshape(-1).astype(jnp.float32), (0, lay.padded - n)).reshape(workers, lay.chunk)
+  first, keys_agreed = _phase1_encode(compressor, chunks, key1, axis_name, need_own)
+  shard, first = _phase1_reduce(compressor, first, chunks, keys_agreed, axis_name)
+  mean, new_residual, second = _phase2(shard_compressor(compressor), shard.astype(jnp.float32),
+                                       shard_residual, lay, key2, axis_name)
+  own = None if first.decoded_here is None else first.decoded_here[:n].reshape(shape)
   return TwoPhaseResult(
-      mean=mean,
+      mean=mean.reshape(shape),
       own=own,
-      payload=payload,
-      wire_bytes=workers * p1 + p2 + agreement,
-      received_bytes=(workers - 1) * (p1 + p2) + allreduce_received(agreement, workers),
-      encoded_bytes=encoded,
+      payload=first.payload,
+      wire_bytes=first.handed + second.handed,
+      received_bytes=first.received + second.received,
+      encoded_bytes=first.encoded + second.encoded,
       shard_residual=new_residual,
-      metrics=metrics,
+      metrics=_add(first.metrics, second.metrics),
   )

@@ -169,8 +169,9 @@ def _mesh(n):
   return jax.make_mesh((n,), ("d",), axis_types=(jax.sharding.AxisType.Auto,), devices=jax.devices()[:n])
 
 
-@pytest.mark.parametrize("comp", [TernGrad(), ThreeLC()], ids=["terngrad", "threelc"])
+@pytest.mark.parametrize("comp", [TernGrad(), ThreeLC(capacity=0.5)], ids=["terngrad", "threelc_zero_run"])
 def test_same_numbers_under_vmap_shard_map_and_both(comp):
+  """vmap, shard_map over 8 devices, and vmap inside shard_map (3LC's dense inputs take the plain rounds)."""
   n_workers, n = 8, 37 * 11
   xs = jax.random.normal(jax.random.PRNGKey(0), (n_workers, 37, 11))
   keys = jax.random.split(jax.random.PRNGKey(1), n_workers)
@@ -231,3 +232,37 @@ def test_two_processes_match_vmap(tmp_path):
       np.testing.assert_allclose(outs[i][f"{name}_mean"], mean, atol=1e-6, rtol=0)
       np.testing.assert_allclose(outs[i][f"{name}_own"], own[i], atol=1e-6, rtol=0)
       np.testing.assert_allclose(outs[i][f"{name}_res"], res[i], atol=1e-6, rtol=0)
+
+
+def test_threelc_zero_run_wire_in_both_phases():
+  """capacity=f: zero-run buffers in both phases, a plain round where a stream did not fit; same numbers."""
+  n_workers, n = 4, 4000
+  # Sparse inputs fit a buffer of half the base-3^5 size; dense ones do not.
+  sparse = jax.random.normal(jax.random.PRNGKey(0), (n_workers, n)) * (jnp.arange(n) % 50 == 0)
+  dense = jax.random.normal(jax.random.PRNGKey(1), (n_workers, n))
+  keys = jax.random.split(jax.random.PRNGKey(2), n_workers)
+  r = jnp.zeros((n_workers, n))
+  plain, buffered = ThreeLC(), ThreeLC(capacity=0.5)
+  static = tp.two_phase_bytes(buffered, n, n_workers)
+
+  def run(comp, xs):
+    def f(x, k, res):
+      out = tp.two_phase_exchange(comp, x, k, "w", res, need_own=True)
+      return out.mean, out.own, out.shard_residual, out.wire_bytes, out.received_bytes, out.metrics
+    return jax.jit(jax.vmap(f, out_axes=(None, 0, 0, 0, 0, 0), axis_name="w"))(xs, keys, r)
+
+  for xs, rounds in ((sparse, 0), (dense, 2)):
+    want, got = run(plain, xs), run(buffered, xs)
+    for a, b in zip(want[:3], got[:3]):
+      np.testing.assert_array_equal(a, b)
+    m = got[5]
+    assert (np.asarray(m["zero_run_fallback_rounds"]) == rounds).all()
+    if rounds == 0:
+      np.testing.assert_array_equal(m["zero_run_fallbacks"], 0)
+      np.testing.assert_array_equal(got[3], static.handed)
+      np.testing.assert_array_equal(got[4], static.received)
+    else:
+      assert (np.asarray(m["zero_run_fallbacks"]) > 0).all()
+      # Both plain rounds on top: N chunk payloads and one shard payload (800/4 + 4 bytes each).
+      np.testing.assert_array_equal(got[3], static.handed + (n_workers + 1) * 204)
+      np.testing.assert_array_equal(got[4], static.received + 2 * (n_workers - 1) * 204)

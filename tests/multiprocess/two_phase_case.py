@@ -6,7 +6,7 @@ from jaxcomp import two_phase as tp
 from jaxcomp.compressors.terngrad import TernGrad
 from jaxcomp.compressors.threelc import ThreeLC
 
-COMPRESSORS = {"terngrad": TernGrad(), "threelc": ThreeLC()}
+COMPRESSORS = {"terngrad": TernGrad(), "threelc": ThreeLC(), "threelc_zero_run": ThreeLC(capacity=0.5)}
 
 
 def inputs(n_workers):
