@@ -107,7 +107,7 @@ def check_exchange(exchange: str) -> None:
 def unsupported(compressor: core.Compressor) -> Optional[str]:
   """Why ``compressor`` has no two-phase form, or ``None`` if it has one."""
   if compressor.custom_exchange and _plain(compressor) is None:
-    return (f"compressor {compressor.name!r} runs its own exchange (custom_exchange), which "
+    return (f"{type(compressor).__name__} runs its own exchange (custom_exchange), which "
             "exchange='two_phase' cannot split into chunks. (PowerSGD's all-reduces of its "
             "float factors already move about 2(N-1)/N of them per worker.) Use "
             "exchange='all_gather' or 'auto', which keeps its own exchange.")
@@ -261,8 +261,6 @@ class Ternary(core.Compressor):
   Phase 2 of signSGD's majority vote: the shard holds vote counts and this
   sends their sign, ties (0) included, which one sign bit could not.
   """
-
-  name = "ternary_sign"
 
   def encode(self, x, key, agreed):
     del key, agreed
