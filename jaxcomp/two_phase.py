@@ -24,7 +24,7 @@ compressed model pulls, §3 and Fig. 1). Per tensor, on worker ``w`` of ``N``:
    worker all ``N`` shards, which it decodes and concatenates.
 
 Each worker receives ``N − 1`` chunk payloads and ``N − 1`` shard payloads:
-``≈ 2(N − 1)/N·P`` bytes plus per-chunk scalars (:func:`received_bytes`).
+``≈ 2(N − 1)/N·P`` bytes plus per-chunk scalars (:func:`two_phase_bytes`).
 
 Semantics (tested in ``tests/test_two_phase.py``):
 
