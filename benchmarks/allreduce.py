@@ -13,7 +13,7 @@ Here, with the same input (the paper's own synthetic input, not gradients):
 * **Workers**: ``--devices`` (default 8) XLA host CPU devices
   (``XLA_FLAGS=--xla_force_host_platform_device_count=8``, set by this script
   when absent), one worker per device, under ``jax.shard_map``. Every method
-  is a ``jaxcomp`` transform with ``axis_name`` (``jaxcomp.pmean``: a float
+  is a ``jaxcomp`` transform with ``axis_name`` (``jaxcomp.compress(None)``: a float
   ``lax.pmean``; the compressors: encode → ``lax.all_gather`` of the packed
   payload → decode and average, with error feedback), so what is timed is
   one whole ``tx.update``: quantization, the collective, dequantization, the
@@ -107,7 +107,7 @@ PAPER = {
 def make_tx(method: str, axis_name):
   """The ``jaxcomp`` transform of one method of Fig. 2."""
   if method == "normal":
-    return jaxcomp.pmean(axis_name=axis_name)
+    return jaxcomp.compress(None, axis_name=axis_name)
   if method == "onebit":
     return jaxcomp.onebit(sample=SAMPLES, axis_name=axis_name)
   if method == "threshold":
@@ -125,7 +125,7 @@ def build(method: str, size: int, mesh) -> tuple[Any, Any, Any]:
   n = mesh.devices.size
   tx = make_tx(method, AXIS)
   params = {"w": jnp.zeros((size, size), jnp.float32)}
-  state = parallel.replicate_workers(make_tx(method, None).init(params), n)
+  state = parallel.replicate_workers(tx.init(params), n)
   specs = parallel.worker_specs(state, AXIS)
 
   def per_device(x, s):  # one worker per device: drop its local worker axis of size 1, then restore it

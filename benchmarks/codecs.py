@@ -248,7 +248,7 @@ def threelc_bits_on_gradients(dataset: str | None = None,
       params, state = step(params, state, jnp.asarray(x).reshape(workers, per_worker_batch, *x.shape[1:]),
                            jnp.asarray(y).reshape(workers, per_worker_batch))
       m = jaxcomp.metrics(state)
-      per_step.append({k: m[k] for k in keys})
+      per_step.append({k: float(m[k]) for k in keys})
     per_step = jax.device_get(per_step)
     values = np.array([r["compressed_float32_bytes"] / 4 for r in per_step])
     plain = np.array([r["compressed_bytes_on_wire"] for r in per_step])

@@ -8,9 +8,18 @@ Inside ``vmap``/``pmap``/``shard_map`` over ``"workers"`` the transform
 quantizes each worker's gradients, moves the packed codes with
 ``lax.all_gather`` and returns the average; ``jaxcomp.metrics(opt_state)``
 reports the bytes that crossed the wire.
+
+The public API is ``__all__``: the transform and its metrics, the
+compressors (a factory and a class each), the registry configs pick them
+from, and the modules ``core`` (the compressor protocol), ``parallel``
+(collectives, laying states over workers), ``rng``, ``codecs`` and
+``models``. Each thing has one public name: the compressor classes are
+``jaxcomp.TernGrad`` etc., not ``jaxcomp.compressors.TernGrad``.
 """
 
+from jaxcomp import codecs
 from jaxcomp import core
+from jaxcomp import models
 from jaxcomp import parallel
 from jaxcomp import rng
 from jaxcomp.compressors import REGISTRY, get_transform, make_optimizer, names
@@ -27,8 +36,56 @@ from jaxcomp.compressors.powersgd import PowerSGD, powersgd
 from jaxcomp.compressors.local_steps import local_steps
 from jaxcomp.compressors.threshold import Threshold, threshold
 from jaxcomp.compressors.adaptive import Adaptive, adaptive
-from jaxcomp.core import Compressor
+from jaxcomp.count import Count
 from jaxcomp.metrics import metrics
-from jaxcomp.transforms import CompressState, compress, path_str, pmean, skip_by_path
+from jaxcomp.transforms import CompressState, compress, path_str, skip_by_path
 
 __version__ = "0.1.0"
+
+__all__ = [
+    # the transform, and reading its metrics
+    "compress",
+    "CompressState",
+    "skip_by_path",
+    "path_str",
+    "metrics",
+    "Count",
+    # the compressors: optax transform factories ...
+    "terngrad",
+    "qsgd",
+    "threelc",
+    "int8",
+    "stochastic_ternary",
+    "signsgd",
+    "ef_signsgd",
+    "onebit",
+    "topk",
+    "powersgd",
+    "threshold",
+    "adaptive",
+    "local_steps",
+    # ... and their per-tensor compressors (jaxcomp.core.Compressor subclasses)
+    "TernGrad",
+    "QSGD",
+    "ThreeLC",
+    "Int8",
+    "StochasticTernary",
+    "SignSGD",
+    "EFSignSGD",
+    "OneBit",
+    "TopK",
+    "PowerSGD",
+    "Threshold",
+    "Adaptive",
+    # the registry experiment configs pick compressors from
+    "REGISTRY",
+    "get_transform",
+    "make_optimizer",
+    "names",
+    # modules
+    "core",
+    "parallel",
+    "rng",
+    "codecs",
+    "models",
+]

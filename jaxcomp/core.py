@@ -16,7 +16,8 @@ integer codes (uint8/uint32) plus a few float scales. That tuple *is* the wire:
 Everything around a compressor is shared, never re-written per algorithm:
 error feedback, skipping tensors, dtype handling, randomness, the collective
 and the byte accounting live in :mod:`jaxcomp.transforms` and
-:mod:`jaxcomp.parallel`.
+:mod:`jaxcomp.parallel`. This module is the layer under them: it imports
+neither.
 """
 
 from __future__ import annotations
@@ -26,7 +27,10 @@ import math
 from typing import Any, ClassVar, NamedTuple, Optional, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+
+from jaxcomp.count import Count
 
 Shape = tuple[int, ...]
 Payload = Any  # a NamedTuple of arrays
@@ -41,7 +45,27 @@ def tree_nbytes(tree: Any) -> int:
 
 
 def size_of(shape: Sequence[int]) -> int:
+  """Number of elements of an array of ``shape`` (a Python int: exact for any size)."""
   return int(math.prod(shape))
+
+
+def sum_leading(x: jax.Array) -> jax.Array:
+  """Sum over the leading axis by pairwise halving (any dtype; int8 sums in int32).
+
+  XLA:CPU reduces over a major axis one element at a time; adding the two
+  halves repeatedly is plain vectorized elementwise work and much faster
+  there (docs/benchmarks.md). On GPU/TPU the two are alike. ``x.sum(0)`` is
+  the plain form.
+  """
+  if jnp.issubdtype(x.dtype, jnp.integer) and x.dtype.itemsize < 4:
+    x = x.astype(jnp.int32)
+  while x.shape[0] > 1:
+    if x.shape[0] % 2:
+      x = jnp.concatenate([x[:1] + x[-1:], x[1:-1]])
+      continue
+    h = x.shape[0] // 2
+    x = x[:h] + x[h:]
+  return x[0]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,24 +75,24 @@ class Compressor:
   Subclasses are frozen dataclasses holding the static configuration, so they
   are hashable and can be closed over by jitted functions.
 
-  Class attributes describe the algorithm for the shared machinery:
+  A subclass implements :meth:`encode` and :meth:`decode`; every other hook
+  has a default. The class attributes tell the shared machinery about the
+  algorithm:
 
   Attributes:
-    name: registry name.
-    unbiased: ``E[decode(encode(x))] == x`` (stochastic quantizers).
-    error_feedback: whether the transform factory enables the shared
+    unbiased: ``E[decode(encode(x))] == x`` (stochastic quantizers); stated
+      in the compressor tables (``benchmarks/bits_per_element.py``).
+    error_feedback: whether :func:`jaxcomp.compress` keeps the shared
       error-feedback residual by default.
-    stochastic: whether ``encode`` uses its key.
-    metric_keys: names of the counters :meth:`extra_metrics` returns.
+    metric_keys: names of the counters :meth:`encode_with_metrics` and
+      :meth:`extra_metrics` return.
     custom_exchange: the compressor runs its own exchange (several rounds of
       collectives, e.g. PowerSGD) through :meth:`exchange` instead of the
       default agree → encode → all_gather → aggregate.
   """
 
-  name: ClassVar[str] = "compressor"
   unbiased: ClassVar[bool] = False
   error_feedback: ClassVar[bool] = False
-  stochastic: ClassVar[bool] = False
   metric_keys: ClassVar[tuple[str, ...]] = ()
   custom_exchange: ClassVar[bool] = False
 
@@ -113,10 +137,8 @@ class Compressor:
     averages; compressors whose codes can be summed before scaling override
     this to decode once (e.g. TernGrad with a shared scalar).
     """
-    from jaxcomp import parallel  # pylint: disable=g-import-not-at-top
-
     decoded = jax.vmap(lambda p: self.decode(p, shape))(gathered)
-    return parallel.sum_leading(decoded) / decoded.shape[0]
+    return sum_leading(decoded) / decoded.shape[0]
 
   def encoded_bytes(self, payload: Payload, shape: Shape) -> Optional[jax.Array]:
     """Exact size of a variable-length encoding of ``payload``, if any.
@@ -156,13 +178,13 @@ class Compressor:
 
 
 class Exchanged(NamedTuple):
-  """What a custom exchange returns."""
+  """What the exchange of one tensor returns (the default one and custom ones alike)."""
 
   mean: jax.Array  # float32, the average over workers of the decoded tensors
-  own: jax.Array  # float32, what this worker's own message decodes to (error feedback)
+  own: Optional[jax.Array]  # float32, what this worker's own message decodes to (error feedback), or None if not asked for
   payload: Payload  # this worker's message, for encoded_bytes / extra_metrics
-  wire_bytes: Any  # bytes this worker handed to collectives: an int, or an int32 scalar when a collective runs conditionally (3LC's zero-run fallback)
-  state: Any  # the new per-tensor state
+  wire_bytes: Any  # bytes this worker handed to collectives: a Python int, or a Count when a collective runs conditionally (3LC's zero-run fallback)
+  state: Any  # the new per-tensor state (Compressor.init_state), None if none
   metrics: Optional[dict[str, jax.Array]] = None  # counters as encode_with_metrics returns them
 
 
@@ -175,4 +197,4 @@ class WorkerLocal(NamedTuple):
   """
 
   residual: Any  # params-shaped; optax.MaskedNode() where there is none
-  metrics: dict[str, jax.Array]
+  metrics: dict[str, Count]  # this worker's counters of the last update (see jaxcomp.metrics)

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Union
 
 import jax
 import jax.numpy as jnp
 
 from jaxcomp import core
+from jaxcomp.count import Count
 
 
-def metrics(opt_state: Any) -> dict[str, jax.Array]:
+def metrics(opt_state: Any) -> dict[str, Union[Count, jax.Array]]:
   """The wire metrics of the last update, whatever the state's layout.
 
   Finds every compression transform's counters in ``opt_state`` (a chain, a
@@ -34,6 +35,11 @@ def metrics(opt_state: Any) -> dict[str, jax.Array]:
     ``compressed_ratio`` the same over compressed tensors only.
   * compressor-specific counters (e.g. overflow, fallbacks).
 
+  Every counter is an exact :class:`~jaxcomp.count.Count` (``int(c)``,
+  ``float(c)`` and ``numpy.asarray(c)`` read it on the host; it passes
+  through ``jit`` as a pytree); the two ratios are float32 arrays. Works
+  under ``jit``.
+
   Returns an empty dict if the state holds no compression transform.
   """
   found = [
@@ -43,14 +49,15 @@ def metrics(opt_state: Any) -> dict[str, jax.Array]:
   ]
   if not found:
     return {}
-  out: dict[str, jax.Array] = {}
+  out: dict[str, Any] = {}
   for m in found:
     for k, v in m.items():
-      v = jnp.asarray(v)
-      v = jnp.mean(v.astype(jnp.float32)) if v.ndim else v.astype(jnp.float32)
-      out[k] = out.get(k, 0.0) + v
-  out["compression_ratio"] = out["float32_bytes"] / jnp.maximum(out["bytes_on_wire"], 1.0)
-  out["compressed_ratio"] = out["compressed_float32_bytes"] / jnp.maximum(
-      out["compressed_bytes_on_wire"], 1.0
-  )
+      v = v.mean()
+      out[k] = out[k] + v if k in out else v
+  out["compression_ratio"] = _ratio(out["float32_bytes"], out["bytes_on_wire"])
+  out["compressed_ratio"] = _ratio(out["compressed_float32_bytes"], out["compressed_bytes_on_wire"])
   return out
+
+
+def _ratio(num: Count, den: Count) -> jax.Array:
+  return num.to_float32() / jnp.maximum(den.to_float32(), 1.0)

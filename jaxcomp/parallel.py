@@ -38,7 +38,8 @@ from jaxcomp import core
 AxisName = Union[None, str, Sequence[str]]
 
 
-def _names(axis_name: AxisName) -> tuple[str, ...]:
+def axis_names(axis_name: AxisName) -> tuple[str, ...]:
+  """``axis_name`` as a tuple of names (empty for ``None``); raises TypeError on anything else."""
   if axis_name is None:
     return ()
   if isinstance(axis_name, str):
@@ -52,7 +53,7 @@ def _names(axis_name: AxisName) -> tuple[str, ...]:
 def axis_size(axis_name: AxisName) -> int:
   """Number of workers along ``axis_name`` (1 for ``None``)."""
   size = 1
-  for n in _names(axis_name):
+  for n in axis_names(axis_name):
     size *= lax.axis_size(n)
   return size
 
@@ -60,7 +61,7 @@ def axis_size(axis_name: AxisName) -> int:
 def axis_index(axis_name: AxisName) -> jax.Array:
   """This worker's index, major to minor over a tuple of names (0 for ``None``)."""
   index = jnp.int32(0)
-  for n in _names(axis_name):
+  for n in axis_names(axis_name):
     index = index * lax.axis_size(n) + lax.axis_index(n)
   return index
 
@@ -71,7 +72,7 @@ def all_gather(tree: Any, axis_name: AxisName) -> Any:
   A tuple of names is gathered minor first, so the leading axis follows
   :func:`axis_index`.
   """
-  names = _names(axis_name)
+  names = axis_names(axis_name)
   if not names:
     return jax.tree.map(lambda a: a[None], tree)
 
@@ -86,24 +87,6 @@ def all_gather(tree: Any, axis_name: AxisName) -> Any:
     return a.reshape((-1,) + shape)
 
   return jax.tree.map(gather, tree)
-
-
-def sum_leading(x: jax.Array) -> jax.Array:
-  """Sum over the leading axis by pairwise halving (any dtype; int8 sums in int32).
-
-  XLA:CPU reduces over a major axis one element at a time (``x.sum(0)`` of a
-  float32 [64, 400000] array ran at ~100 M elements/s here); adding the two
-  halves repeatedly is plain vectorized elementwise work (20-40x faster).
-  """
-  if jnp.issubdtype(x.dtype, jnp.integer) and x.dtype.itemsize < 4:
-    x = x.astype(jnp.int32)
-  while x.shape[0] > 1:
-    if x.shape[0] % 2:
-      x = jnp.concatenate([x[:1] + x[-1:], x[1:-1]])
-      continue
-    h = x.shape[0] // 2
-    x = x[:h] + x[h:]
-  return x[0]
 
 
 def _max_leading(x: jax.Array) -> jax.Array:
@@ -129,7 +112,7 @@ def _reduce(kind: str, tree: Any, axis_name: AxisName) -> Any:
   # (all_gather is free there) and reduced with vectorized halving, because
   # lax.psum's vmap rule becomes a slow major-axis reduce on XLA:CPU.
   collective = {"sum": lax.psum, "mean": lax.pmean, "max": lax.pmax}[kind]
-  for n in reversed(_names(axis_name)):
+  for n in reversed(axis_names(axis_name)):
     if _is_device_axis(n):
       tree = collective(tree, n)
     else:
@@ -137,7 +120,7 @@ def _reduce(kind: str, tree: Any, axis_name: AxisName) -> Any:
         stacked = lax.all_gather(a, n)
         if kind == "max":
           return _max_leading(stacked)
-        total = sum_leading(stacked).astype(a.dtype)
+        total = core.sum_leading(stacked).astype(a.dtype)
         return total / stacked.shape[0] if kind == "mean" else total
       tree = jax.tree.map(local, tree)
   return tree
@@ -163,13 +146,16 @@ def exchange(
     x: jax.Array,
     key: jax.Array,
     axis_name: AxisName,
+    state: Any = None,
     *,
     need_own: bool = False,
-) -> tuple[jax.Array, Optional[jax.Array], core.Payload, int]:
+) -> core.Exchanged:
   """Compresses ``x`` on every worker and returns the mean of all workers.
 
-  See :func:`exchange_with_metrics`, which also returns the encoder's
-  counters.
+  The default exchange of one tensor: agree, encode, ``all_gather``,
+  aggregate (see the module docstring). It has the signature of
+  :meth:`Compressor.exchange <jaxcomp.core.Compressor.exchange>` with the
+  compressor in front, so :func:`jaxcomp.compress` calls either the same way.
 
   Args:
     compressor: the per-tensor compressor.
@@ -177,49 +163,36 @@ def exchange(
     key: this worker's key for this tensor and step.
     axis_name: the worker axis (``None``: a single worker, quantize and
       dequantize locally).
+    state: the compressor's per-tensor state; passed through unchanged.
     need_own: also return ``decode(own payload)`` (error feedback needs it).
 
   Returns:
-    ``(mean, own, payload, wire_bytes)``: the float32 mean of every worker's
-    decoded tensor, this worker's own decoded tensor (or ``None``), its
-    payload, and the static number of bytes this worker handed to collectives
-    (payload plus agreement).
-  """
-  mean, own, payload, wire, _ = exchange_with_metrics(compressor, x, key, axis_name, need_own=need_own)
-  return mean, own, payload, wire
-
-
-def exchange_with_metrics(
-    compressor: core.Compressor,
-    x: jax.Array,
-    key: jax.Array,
-    axis_name: AxisName,
-    *,
-    need_own: bool = False,
-) -> tuple[jax.Array, Optional[jax.Array], core.Payload, int, dict[str, jax.Array]]:
-  """:func:`exchange`, plus the counters of :meth:`Compressor.encode_with_metrics`.
-
-  Returns:
-    ``(mean, own, payload, wire_bytes, metrics)``.
+    A :class:`~jaxcomp.core.Exchanged`: the float32 mean of every worker's
+    decoded tensor, this worker's own decoded tensor (``None`` unless
+    ``need_own``), its payload, the static number of bytes this worker handed
+    to collectives (payload plus agreement), ``state``, and the counters of
+    :meth:`Compressor.encode_with_metrics`.
   """
   shape = x.shape
   agreed = compressor.agree(x)
   agreement_bytes = 0
   if agreed is not None:
-    agreement_bytes = core.tree_nbytes(agreed) if _names(axis_name) else 0
+    agreement_bytes = core.tree_nbytes(agreed) if axis_names(axis_name) else 0
     agreed = pmax(agreed, axis_name)
   payload, metrics = compressor.encode_with_metrics(x, key, agreed)
-  # The payload is what crosses the wire: materialize it. Without the barrier
-  # XLA may fuse the encoder into every consumer of the codes and run it again
-  # for each (several times slower for TernGrad under vmap).
+  # The payload has several consumers (the collective, this worker's own
+  # decode). Without the barrier XLA may fuse the encoder into each of them and
+  # run it once per consumer. The barrier prevents that, although it is gone
+  # from the compiled program; it does not cut a producer from the fusion of a
+  # single consumer (that is what compressors._quant.materialize is for).
   payload = lax.optimization_barrier(payload)
   wire = core.tree_nbytes(payload) + agreement_bytes
-  own = compressor.decode(payload, shape) if need_own or not _names(axis_name) else None
-  if not _names(axis_name):
-    return own, (own if need_own else None), payload, wire, metrics
-  gathered = all_gather(payload, axis_name)
-  mean = compressor.aggregate(gathered, shape)
-  return mean, own, payload, wire, metrics
+  if not axis_names(axis_name):
+    own = compressor.decode(payload, shape)
+    return core.Exchanged(own, own if need_own else None, payload, wire, state, metrics)
+  own = compressor.decode(payload, shape) if need_own else None
+  mean = compressor.aggregate(all_gather(payload, axis_name), shape)
+  return core.Exchanged(mean, own, payload, wire, state, metrics)
 
 
 # -- laying optimizer states over workers -----------------------------------

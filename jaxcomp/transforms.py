@@ -15,8 +15,17 @@ compressor shares:
 * **randomness**: a key in the state, split every step and folded with the
   tensor's position and the worker's ``lax.axis_index``;
 * **non-finite input**: an explicit policy (see :func:`compress`);
-* **accounting**: the bytes handed to collectives, recorded in the state and
-  read with :func:`jaxcomp.metrics`.
+* **accounting**: the bytes handed to collectives, recorded in the state as
+  exact :class:`~jaxcomp.count.Count` s and read with :func:`jaxcomp.metrics`.
+
+An update is a sequence of named steps, per tensor: add the residual
+(:func:`add_residual`), set aside non-finite input (:func:`set_aside_nonfinite`,
+:func:`agree_on_nonfinite`), skip (:func:`send_float`) or exchange (agree,
+encode, all_gather, decode: :func:`jaxcomp.parallel.exchange`, or the
+compressor's own :meth:`~jaxcomp.core.Compressor.exchange`), carry the
+residual (:func:`carry_residual`), count (:func:`count_tensor`,
+:func:`count_all`). The exchange is the one step that differs between
+exchange schemes.
 
 With ``axis_name=None`` the transform quantizes and dequantizes locally (one
 worker); with an axis name it performs the exchange, so the train step needs no
@@ -36,9 +45,11 @@ import optax
 from jaxcomp import core
 from jaxcomp import parallel
 from jaxcomp import rng
+from jaxcomp.count import Count
 
 NonFinitePolicy = Literal["propagate", "zero"]
 SkipSpec = Union[None, Any, Callable[[Any], Any]]
+ExchangeFn = Callable[..., core.Exchanged]  # (compressor, x, key, axis_name, state, *, need_own) -> Exchanged
 
 STANDARD_METRICS = (
     "bytes_on_wire",
@@ -54,10 +65,28 @@ STANDARD_METRICS = (
 class CompressState(NamedTuple):
   """State of :func:`compress`."""
 
-  count: jax.Array  # int32 step counter
+  count: jax.Array  # int32 step counter (saturating: optax.safe_increment)
   key: jax.Array  # PRNG key, identical on every worker
   inner: Any  # per-tensor compressor states (Compressor.init_state), identical on every worker
   local: core.WorkerLocal
+
+
+class _Plan(NamedTuple):
+  """The static facts of one update: the tensors, and what happens to each."""
+
+  leaves: list[Any]
+  treedef: Any
+  skipped: list[bool]  # True: the tensor stays in float
+  tracked: dict[int, str]  # leaf index -> path, for tensor_metrics
+
+
+class _TensorResult(NamedTuple):
+  """What one tensor's step produces."""
+
+  update: jax.Array  # the averaged tensor, in the gradient's dtype
+  residual: Any  # the new error-feedback residual (or the old one, or MaskedNode)
+  inner: Any  # the new per-tensor compressor state (or MaskedNode)
+  counts: dict[str, Any]  # metric name -> int, int32 array or Count, summed over tensors
 
 
 def _resolve_skip(skip: SkipSpec, tree: Any, min_size: int, everything: bool = False) -> list[bool]:
@@ -102,8 +131,92 @@ def _check_float(leaf: Any) -> None:
 
 
 def _metric_keys(compressor: Optional[core.Compressor]) -> tuple[str, ...]:
-  extra = tuple(getattr(compressor, "metric_keys", ())) if compressor is not None else ()
+  extra = tuple(compressor.metric_keys) if compressor is not None else ()
   return STANDARD_METRICS + extra
+
+
+# -- the named steps of an update, for one tensor or all ----------------------
+
+
+def add_residual(g: jax.Array, residual: Any, use_ef: bool) -> jax.Array:
+  """The compressor's input: ``x = g + r`` in float32 (``g`` without error feedback)."""
+  x = g.astype(jnp.float32)
+  return x + residual if use_ef else x
+
+
+def set_aside_nonfinite(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """``(x, bad)``: ``bad`` if ``x`` holds a NaN or Inf, and then ``x`` replaced by zeros.
+
+  A worker with a non-finite tensor sends zeros for it, so the encoders never
+  see NaN; the policy of :func:`compress` decides what the mean becomes.
+  """
+  bad = jnp.logical_not(jnp.all(jnp.isfinite(x)))
+  return jnp.where(bad, jnp.zeros_like(x), x), bad
+
+
+def agree_on_nonfinite(
+    bad: list[jax.Array], axis_name: parallel.AxisName, nonfinite: NonFinitePolicy
+) -> tuple[list[jax.Array], int]:
+  """Whether each tensor is non-finite on *any* worker, and the bytes that cost.
+
+  Under ``"propagate"`` with a worker axis, one uint8 flag per compressed
+  tensor goes through a ``pmax``; otherwise the local flags are used as they
+  are and nothing is sent.
+  """
+  if not bad:
+    return [], 0
+  flags = jnp.stack(bad).astype(jnp.uint8)
+  if nonfinite == "propagate" and parallel.axis_names(axis_name):
+    return list(parallel.pmax(flags, axis_name) > 0), flags.nbytes
+  return list(flags > 0), 0
+
+
+def send_float(g: jax.Array, axis_name: parallel.AxisName) -> jax.Array:
+  """A skipped tensor: averaged in its own dtype with ``pmean``."""
+  return parallel.pmean(g, axis_name) if parallel.axis_names(axis_name) else g
+
+
+def carry_residual(x: jax.Array, own: jax.Array, residual: jax.Array, bad: jax.Array) -> jax.Array:
+  """Error feedback: ``r <- x - decode(own payload)``; a non-finite input keeps the old ``r``."""
+  return jnp.where(bad, residual, x - own)
+
+
+def count_tensor(
+    compressor: core.Compressor, ex: core.Exchanged, g: jax.Array, bad: jax.Array,
+    tracked_path: Optional[str],
+) -> dict[str, Any]:
+  """The counters of one compressed tensor (see :func:`jaxcomp.metrics` for their meaning)."""
+  encoded = compressor.encoded_bytes(ex.payload, g.shape)
+  counts = {
+      "compressed_bytes_on_wire": ex.wire_bytes,
+      "compressed_float32_bytes": 4 * core.size_of(g.shape),
+      "encoded_bytes": ex.wire_bytes if encoded is None else encoded,
+      "nonfinite_tensors": bad.astype(jnp.int32),
+      **(ex.metrics or {}),
+      **compressor.extra_metrics(ex.payload, g.shape),
+  }
+  if tracked_path is not None:
+    sent = ex.own if ex.own is not None else compressor.decode(ex.payload, g.shape)
+    counts[f"zeros:{tracked_path}"] = jnp.sum(sent == 0, dtype=jnp.int32)
+    counts[f"elements:{tracked_path}"] = core.size_of(g.shape)
+  return counts
+
+
+def count_all(keys: tuple[str, ...], results: list[_TensorResult], plan: _Plan, flag_bytes: int) -> dict[str, Count]:
+  """Sums the tensors' counters into the metrics of this update (exact :class:`~jaxcomp.count.Count` s)."""
+  m = {k: Count() for k in keys}
+  for i in plan.tracked:
+    m[f"zeros:{plan.tracked[i]}"] = m[f"elements:{plan.tracked[i]}"] = Count()
+  m["float32_bytes"] = Count(sum(4 * core.size_of(jnp.shape(g)) for g in plan.leaves))
+  m["compressed_bytes_on_wire"] = m["encoded_bytes"] = Count(flag_bytes)
+  for r in results:
+    for name, value in r.counts.items():
+      m[name] = m[name] + Count.of(value)
+  m["bytes_on_wire"] = m["compressed_bytes_on_wire"] + m["float_bytes"]
+  return m
+
+
+# -- the transform -------------------------------------------------------------
 
 
 def compress(
@@ -152,160 +265,124 @@ def compress(
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` whose updates are the
-    averaged, decompressed gradients in the gradients' dtypes.
+    averaged, decompressed gradients in the gradients' dtypes. Its state's
+    counters (read with :func:`jaxcomp.metrics`) are those of the last
+    update; before the first update they hold the sizes that are static per
+    step and zero for the rest. Those sizes are part of the state's pytree
+    structure and depend on the configuration (``axis_name`` counts the
+    agreement bytes): initialize the state with the transform that updates it.
   """
   if nonfinite not in ("propagate", "zero"):
     raise ValueError(f"nonfinite must be 'propagate' or 'zero'; got {nonfinite!r}.")
   if min_size < 0:
     raise ValueError(f"min_size must be >= 0; got {min_size}.")
-  parallel._names(axis_name)  # validates
+  parallel.axis_names(axis_name)  # validates
   use_ef = bool(compressor is not None and (compressor.error_feedback if error_feedback is None else error_feedback))
   if compressor is None and error_feedback:
     raise ValueError("error_feedback needs a compressor.")
   keys = _metric_keys(compressor)
   tracked_re = re.compile(tensor_metrics) if tensor_metrics else None
 
-  def tracked(tree, flags) -> dict[int, str]:
-    """``{leaf index: path}`` of the compressed leaves ``tensor_metrics`` matches."""
-    if tracked_re is None:
-      return {}
-    paths = [path_str(p) for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
-    return {i: p for i, p in enumerate(paths) if not flags[i] and tracked_re.search(p)}
-
-  def init_fn(params):
-    leaves, treedef = jax.tree.flatten(params)
+  def plan(tree) -> _Plan:
+    leaves, treedef = jax.tree.flatten(tree)
     for leaf in leaves:
       _check_float(leaf)
-    flags = _resolve_skip(skip, params, min_size, compressor is None)
-    residual = [
-        optax.MaskedNode() if (f or not use_ef) else jnp.zeros(jnp.shape(p), jnp.float32)
-        for p, f in zip(leaves, flags)
-    ]
-    if compressor is not None:
-      for p, f in zip(leaves, flags):
-        if not f:
-          compressor.validate(tuple(jnp.shape(p)), jnp.asarray(p).dtype)
-    metrics = {k: jnp.zeros((), jnp.int32) for k in keys}
-    for path in tracked(params, flags).values():
-      metrics[f"zeros:{path}"] = metrics[f"elements:{path}"] = jnp.zeros((), jnp.int32)
-    # The per-step reference sizes are static: record them from the start, with no
-    # byte sent yet, so that a wrapper that skips an exchange on some steps (local
-    # steps) can carry them while reporting zero wire bytes.
-    metrics["float32_bytes"] = jnp.int32(sum(4 * core.size_of(jnp.shape(p)) for p in leaves))
-    metrics["compressed_float32_bytes"] = jnp.int32(
-        sum(4 * core.size_of(jnp.shape(p)) for p, f in zip(leaves, flags) if not f)
-    )
-    key = jax.random.PRNGKey(seed)
-    inner = [
-        optax.MaskedNode() if (f or compressor is None)
-        else _or_masked(compressor.init_state(tuple(jnp.shape(p)), jax.random.fold_in(key, i)))
-        for i, (p, f) in enumerate(zip(leaves, flags))
-    ]
-    return CompressState(
-        count=jnp.zeros((), jnp.int32),
-        key=jax.random.fold_in(key, len(leaves)),
-        inner=treedef.unflatten(inner),
-        local=core.WorkerLocal(residual=treedef.unflatten(residual), metrics=metrics),
-    )
+    skipped = _resolve_skip(skip, tree, min_size, compressor is None)
+    tracked = {}
+    if tracked_re is not None:
+      paths = [path_str(p) for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
+      tracked = {i: p for i, p in enumerate(paths) if not skipped[i] and tracked_re.search(p)}
+    return _Plan(leaves, treedef, skipped, tracked)
+
+  def exchange(x, key, inner) -> core.Exchanged:
+    """Agree, encode, exchange, decode: the compressor's own exchange or the default one."""
+    if compressor.custom_exchange:
+      return compressor.exchange(x, key, axis_name, _from_masked(inner))
+    return parallel.exchange(compressor, x, key, axis_name, inner, need_own=use_ef)
+
+  def compress_tensor(g, x, bad, anywhere, residual, inner, key, tracked_path) -> _TensorResult:
+    ex = exchange(x, key, inner)
+    mean = jnp.where(anywhere, jnp.full_like(ex.mean, jnp.nan), ex.mean) if nonfinite == "propagate" else ex.mean
+    residual = carry_residual(x, ex.own, residual, bad) if use_ef else residual
+    counts = count_tensor(compressor, ex, g, bad, tracked_path)
+    return _TensorResult(mean.astype(g.dtype), residual, _or_masked(ex.state), counts)
+
+  def float_tensor(g, residual, inner) -> _TensorResult:
+    nbytes = core.size_of(g.shape) * g.dtype.itemsize
+    return _TensorResult(send_float(g, axis_name), residual, inner, {"float_bytes": nbytes, "encoded_bytes": nbytes})
 
   def update_fn(updates, state, params=None, **extra_args):
     del params, extra_args
-    leaves, treedef = jax.tree.flatten(updates)
-    for leaf in leaves:
-      _check_float(leaf)
-    flags = _resolve_skip(skip, updates, min_size, compressor is None)
-    tracked_paths = tracked(updates, flags)
-    residuals = treedef.flatten_up_to(state.local.residual)
-    inners = treedef.flatten_up_to(state.inner)
-    key, step_key = jax.random.split(state.key)
+    p = plan(updates)
+    residuals = p.treedef.flatten_up_to(state.local.residual)
+    inners = p.treedef.flatten_up_to(state.inner)
+    next_key, step_key = jax.random.split(state.key)
     worker = parallel.axis_index(axis_name)
-    has_axis = bool(parallel._names(axis_name))
-
-    # Pass 1: inputs with error feedback, and non-finite flags.
-    xs, bad = [], []
-    for g, r, f in zip(leaves, residuals, flags):
-      if f:
-        xs.append(None)
-        bad.append(None)
-        continue
-      x = g.astype(jnp.float32)
-      if use_ef:
-        x = x + r
-      b = jnp.logical_not(jnp.all(jnp.isfinite(x)))
-      xs.append(jnp.where(b, jnp.zeros_like(x), x))
-      bad.append(b)
-    compressed_idx = [i for i, f in enumerate(flags) if not f]
-    flag_bytes = 0
-    any_bad = {}
-    if compressed_idx:
-      local_flags = jnp.stack([bad[i] for i in compressed_idx]).astype(jnp.uint8)
-      if nonfinite == "propagate" and has_axis:
-        global_flags = parallel.pmax(local_flags, axis_name)
-        flag_bytes = local_flags.nbytes
+    compressed = [i for i, s in enumerate(p.skipped) if not s]
+    # 1. Add the residual; set aside tensors that are not finite.
+    xs, bad = {}, {}
+    for i in compressed:
+      xs[i], bad[i] = set_aside_nonfinite(add_residual(p.leaves[i], residuals[i], use_ef))
+    # 2. Agree on which tensors are not finite on some worker.
+    anywhere, flag_bytes = agree_on_nonfinite([bad[i] for i in compressed], axis_name, nonfinite)
+    anywhere = dict(zip(compressed, anywhere))
+    # 3. Skip (float) or compress and exchange each tensor; carry its residual.
+    results = []
+    for i, (g, r, inner) in enumerate(zip(p.leaves, residuals, inners)):
+      if p.skipped[i]:
+        results.append(float_tensor(g, r, inner))
       else:
-        global_flags = local_flags
-      for j, i in enumerate(compressed_idx):
-        any_bad[i] = global_flags[j] > 0
-
-    # Pass 2: exchange.
-    out, new_res, new_inner = [], [], []
-    m = {k: jnp.zeros((), jnp.int32) for k in keys}
-    static = dict.fromkeys(STANDARD_METRICS, 0)
-    static["compressed_bytes_on_wire"] = flag_bytes
-    for i, (g, r, f) in enumerate(zip(leaves, residuals, flags)):
-      n = core.size_of(g.shape)
-      static["float32_bytes"] += 4 * n
-      if f:
-        out.append(parallel.pmean(g, axis_name) if has_axis else g)
-        new_res.append(r)
-        new_inner.append(inners[i])
-        static["float_bytes"] += n * g.dtype.itemsize
-        continue
-      k = rng.leaf_key(step_key, i, worker)
-      if compressor.custom_exchange:
-        ex = compressor.exchange(xs[i], k, axis_name, _from_masked(inners[i]))
-        mean, own, payload, wire = ex.mean, ex.own, ex.payload, ex.wire_bytes
-        enc_metrics = ex.metrics or {}
-        new_inner.append(_or_masked(ex.state))
-      else:
-        mean, own, payload, wire, enc_metrics = parallel.exchange_with_metrics(
-            compressor, xs[i], k, axis_name, need_own=use_ef
-        )
-        new_inner.append(inners[i])
-      if nonfinite == "propagate":
-        mean = jnp.where(any_bad[i], jnp.full_like(mean, jnp.nan), mean)
-      out.append(mean.astype(g.dtype))
-      if use_ef:
-        new_res.append(jnp.where(bad[i], r, xs[i] - own))
-      else:
-        new_res.append(r)
-      static["compressed_bytes_on_wire"] += wire
-      static["compressed_float32_bytes"] += 4 * n
-      enc = compressor.encoded_bytes(payload, g.shape)
-      m["encoded_bytes"] = m["encoded_bytes"] + (
-          jnp.asarray(enc, jnp.int32) if enc is not None else jnp.int32(wire)
-      )
-      m["nonfinite_tensors"] = m["nonfinite_tensors"] + bad[i].astype(jnp.int32)
-      for name, value in {**enc_metrics, **compressor.extra_metrics(payload, g.shape)}.items():
-        m[name] = m[name] + jnp.asarray(value, jnp.int32)
-      if i in tracked_paths:
-        sent = own if own is not None else compressor.decode(payload, g.shape)
-        m[f"zeros:{tracked_paths[i]}"] = jnp.sum(sent == 0, dtype=jnp.int32)
-        m[f"elements:{tracked_paths[i]}"] = jnp.int32(n)
-    static["bytes_on_wire"] = static["compressed_bytes_on_wire"] + static["float_bytes"]
-    for name in ("bytes_on_wire", "float32_bytes", "compressed_bytes_on_wire",
-                 "compressed_float32_bytes", "float_bytes"):
-      m[name] = jnp.int32(static[name])
-    m["encoded_bytes"] = m["encoded_bytes"] + jnp.int32(static["float_bytes"] + flag_bytes)
+        key = rng.leaf_key(step_key, i, worker)
+        results.append(compress_tensor(g, xs[i], bad[i], anywhere[i], r, inner, key, p.tracked.get(i)))
+    # 4. Count.
+    metrics = count_all(keys, results, p, flag_bytes)
     new_state = CompressState(
         count=optax.safe_increment(state.count),
-        key=key,
-        inner=treedef.unflatten(new_inner),
-        local=core.WorkerLocal(residual=treedef.unflatten(new_res), metrics=m),
+        key=next_key,
+        inner=p.treedef.unflatten([r.inner for r in results]),
+        local=core.WorkerLocal(residual=p.treedef.unflatten([r.residual for r in results]), metrics=metrics),
     )
-    return treedef.unflatten(out), new_state
+    return p.treedef.unflatten([r.update for r in results]), new_state
+
+  def init_fn(params):
+    p = plan(params)
+    if compressor is not None:
+      for leaf, s in zip(p.leaves, p.skipped):
+        if not s:
+          compressor.validate(tuple(jnp.shape(leaf)), jnp.asarray(leaf).dtype)
+    residual = [
+        optax.MaskedNode() if (s or not use_ef) else jnp.zeros(jnp.shape(leaf), jnp.float32)
+        for leaf, s in zip(p.leaves, p.skipped)
+    ]
+    key = jax.random.PRNGKey(seed)
+    inner = [
+        optax.MaskedNode() if (s or compressor is None)
+        else _or_masked(compressor.init_state(tuple(jnp.shape(leaf)), jax.random.fold_in(key, i)))
+        for i, (leaf, s) in enumerate(zip(p.leaves, p.skipped))
+    ]
+    state = CompressState(
+        count=jnp.zeros((), jnp.int32),
+        key=jax.random.fold_in(key, len(p.leaves)),
+        inner=p.treedef.unflatten(inner),
+        local=core.WorkerLocal(residual=p.treedef.unflatten(residual), metrics={}),
+    )
+    # The sizes that are static per step (bytes of payloads, of float tensors)
+    # are the same before and after every update, so that the state keeps one
+    # pytree structure (for jit caches, lax.scan, checkpoints): trace one update
+    # abstractly (nothing runs) and keep its static counts, with zero for the rest.
+    traced = jax.eval_shape(_with_axes(update_fn, axis_name), params, state)[1].local.metrics
+    metrics = {k: Count(v.static) if v.is_static else Count(v.static) + Count.of(jnp.uint32(0))
+               for k, v in traced.items()}
+    return state._replace(local=state.local._replace(metrics=metrics))
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def _with_axes(fn: Callable[..., Any], axis_name: parallel.AxisName) -> Callable[..., Any]:
+  """``fn`` with every name of ``axis_name`` bound to a worker axis of size 1 (for tracing)."""
+  for name in parallel.axis_names(axis_name):
+    fn = jax.vmap(fn, in_axes=None, out_axes=0, axis_name=name, axis_size=1)
+  return fn
 
 
 def _or_masked(x: Any) -> Any:
@@ -314,17 +391,6 @@ def _or_masked(x: Any) -> Any:
 
 def _from_masked(x: Any) -> Any:
   return None if isinstance(x, optax.MaskedNode) else x
-
-
-def pmean(axis_name: parallel.AxisName = None, **kwargs: Any) -> optax.GradientTransformationExtraArgs:
-  """The uncompressed float baseline: averages gradients with ``lax.pmean``.
-
-  Records the same metrics as the compressed transforms (``bytes_on_wire`` is
-  the bytes of the gradients as given to ``pmean``), so runs compare directly.
-  ``**kwargs`` are accepted for a uniform interface (``seed``, ``skip``,
-  ``min_size`` change nothing here: every tensor is sent in float).
-  """
-  return compress(None, axis_name=axis_name, **kwargs)
 
 
 def skip_by_path(predicate: Callable[[str], bool]) -> Callable[[Any], Any]:

@@ -92,7 +92,7 @@ def loss_fn(params, x, y):
 
 def make_tx(compressed: bool):
   exchange = jaxcomp.terngrad(clip_sigma=2.5, axis_name="workers") if compressed \
-      else jaxcomp.pmean(axis_name="workers")
+      else jaxcomp.compress(None, axis_name="workers")
   return optax.chain(exchange, optax.sgd(0.1, momentum=0.9))
 
 

@@ -84,7 +84,9 @@ def _built_once(build):
 
 
 def init_state(make_tx, params, n_workers):
-  return parallel.replicate_workers(make_tx(None).init(params), n_workers)
+  # Initialized by a transform with a worker axis, as every runner's is: the
+  # state records the per-step sizes, and those count the agreement bytes.
+  return parallel.replicate_workers(make_tx("w").init(params), n_workers)
 
 
 def run_layouts(make_tx, params, grads_fn, n_workers, steps=2):
@@ -102,3 +104,9 @@ def run_layouts(make_tx, params, grads_fn, n_workers, steps=2):
       outs.append(upd)
     results[layout] = (outs, jaxcomp.metrics(state), state)
   return results
+
+
+def vmap_update(tx, grads, state):
+  """``tx.update`` jitted over a ``"w"`` worker axis (updates unbatched, worker-local state batched)."""
+  axes = parallel.worker_axes(state)
+  return jax.jit(jax.vmap(tx.update, in_axes=(0, axes), out_axes=(None, axes), axis_name="w"))(grads, state)

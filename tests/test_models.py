@@ -151,21 +151,13 @@ NUM_CLASSES = {"alexnet": 1000, "googlenet": 1000}
 BN_MODELS = {"alexnet", "resnet20", "resnet32", "resnet56", "resnet110", "googlenet"}
 
 
-def test_hand_arithmetic_is_consistent():
-  """The closed forms above agree with the literal figures written in the comments/docstrings."""
-  assert LENET == 431_080
-  assert CIFARNET == 1_068_298
-  assert ALEXNET == 60_966_600
-  assert ALEXNET_CAFFE == 60_965_224
-  assert ALEXNET_UNGROUPED == 62_379_720
-  assert [resnet_params(n) for n in (3, 5, 9, 18)] == [RESNET20, RESNET32, RESNET56, RESNET110]
-  assert [resnet_params(n) for n in (3, 5, 9, 18)] == [97_216 * n - 21_926 for n in (3, 5, 9, 18)]
-  assert googlenet_params() == GOOGLENET == 7_005_832
-  assert googlenet_params(use_bn=False) == GOOGLENET_NO_BN == 6_998_552
-  assert googlenet_params(k=3) == GOOGLENET_3X3 == 6_624_904
-  assert MLP == 36_818_954
-  # TernGrad §4.2: the last layer is "6.7% in AlexNet" -- true with grouped convs.
-  assert round(100 * 4_097_000 / ALEXNET, 1) == 6.7
+def test_alexnet_last_layer_is_6_7_percent():
+  """TernGrad §4.2 keeps AlexNet's last layer in float, "6.7% in AlexNet": true of this model's
+  logits layer (grouped convolutions), found by the same predicate the configs use."""
+  params = _abstract_init(get_model("alexnet", 1000), input_shape("alexnet"), batch=1)["params"]
+  last = sum(math.prod(leaf.shape) for path, leaf in _flat_paths(params) if is_last_layer(path))
+  assert last == 4096 * 1000 + 1000
+  assert round(100 * last / param_count(params), 1) == 6.7
 
 
 # ------------------------------------------------------------------------------------------------

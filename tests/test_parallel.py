@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import jaxcomp
-from jaxcomp import parallel
+from jaxcomp import core, parallel
 
 from _layouts import init_state, make_runners
 
@@ -27,7 +27,7 @@ def _grads(step):
 FACTORIES = {
     "terngrad": lambda axis: jaxcomp.terngrad(axis_name=axis),
     "terngrad_threefry_noshare": lambda axis: jaxcomp.terngrad(axis_name=axis, rng="threefry", scalar_sharing=False),
-    "pmean": lambda axis: jaxcomp.pmean(axis_name=axis),
+    "float": lambda axis: jaxcomp.compress(None, axis_name=axis),
 }
 
 
@@ -53,8 +53,8 @@ def test_layouts_agree(name):
       assert float(ref_metrics[k]) == float(m[k]), (layout, k)
 
 
-def test_pmean_is_the_mean():
-  make_tx = FACTORIES["pmean"]
+def test_float_baseline_is_the_mean():
+  make_tx = FACTORIES["float"]
   g = _grads(0)
   params = jax.tree.map(lambda a: a[0], g)
   state = init_state(make_tx, params, N)
@@ -71,25 +71,25 @@ def test_terngrad_mean_is_average_of_worker_decodes():
   keys = jax.random.split(jax.random.PRNGKey(1), N)
 
   def worker(x, k):
-    mean, own, payload, _ = parallel.exchange(comp, x, k, "w", need_own=True)
-    return mean, own
+    ex = parallel.exchange(comp, x, k, "w", need_own=True)
+    return ex.mean, ex.own
 
   mean, owns = jax.vmap(worker, axis_name="w", out_axes=(None, 0))(xs, keys)
   np.testing.assert_allclose(mean, owns.mean(0), rtol=1e-6, atol=1e-7)
 
 
 def test_workers_draw_independently():
-  """Folding in lax.axis_index: identical inputs on all workers give different codes."""
-  tx = jaxcomp.terngrad(axis_name="w", clip_sigma=None)
+  """The transform folds in lax.axis_index: identical inputs on all workers give different codes.
+
+  With error feedback on, each worker's residual is its input minus its own
+  decoded message, so the residuals show the codes each worker drew.
+  """
+  tx = jaxcomp.terngrad(axis_name="w", clip_sigma=None, error_feedback=True)
   x = jnp.linspace(-1, 1, 4000)
-  state = tx.init(x)
-
-  def own(g, s):
-    comp = jaxcomp.TernGrad(clip_sigma=None)
-    k = jaxcomp.rng.leaf_key(jax.random.PRNGKey(0), 0, parallel.axis_index("w"))
-    return comp.decode(comp.encode(g, k, comp.agree(g)), g.shape)
-
-  owns = jax.vmap(own, in_axes=(None, None), axis_name="w", axis_size=4)(x, state)
+  state = parallel.replicate_workers(tx.init(x), 4)
+  axes = parallel.worker_axes(state)
+  _, state = jax.vmap(tx.update, in_axes=(None, axes), out_axes=(None, axes), axis_name="w")(x, state)
+  owns = x - state.local.residual
   for i in range(4):
     for j in range(i + 1, 4):
       assert not np.array_equal(owns[i], owns[j])
@@ -120,7 +120,7 @@ def test_reductions_match_lax_under_vmap_and_devices():
     np.testing.assert_array_equal(got[2], x.max(0))
     s = jax.vmap(lambda a: parallel.psum(a, "w"), axis_name="w", out_axes=None)(xi)
     assert s.dtype == jnp.int8  # the dtype of the input, as lax.psum
-    np.testing.assert_array_equal(parallel.sum_leading(xi), np.asarray(xi, np.int32).sum(0))
+    np.testing.assert_array_equal(core.sum_leading(xi), np.asarray(xi, np.int32).sum(0))
   # Over a device axis (shard_map) the real collective runs; same numbers.
   from _layouts import _mesh
   from jax.sharding import PartitionSpec as P

@@ -1,4 +1,4 @@
-"""TernGrad (papers/terngrad.md §3): the quantizer, clipping, scalar sharing, wire."""
+"""TernGrad (Wen et al., NeurIPS 2017, arXiv:1705.07878, §3): the quantizer, clipping, scalar sharing, wire."""
 
 import math
 

@@ -23,7 +23,6 @@ class Round(core.Compressor):
   """A deterministic biased test compressor: int8 codes of round(x / scale)."""
 
   levels: int = 3
-  name = "round_test"
   error_feedback = True
 
   def encode(self, x, key, agreed):
@@ -143,7 +142,6 @@ def test_metrics_from_nested_state_and_masked():
 class _CountingMean(core.Compressor):
   """A custom exchange with per-tensor state: float pmean, counting its calls."""
 
-  name = "counting_mean_test"
   custom_exchange = True
 
   def init_state(self, shape, key):
@@ -178,7 +176,6 @@ def test_make_optimizer_chains():
 class _Clip(core.Compressor):
   """Sends int8 codes of x clipped to [-1, 1]; reports how many entries were clipped."""
 
-  name = "clip_test"
   metric_keys = ("clipped",)
 
   def encode_with_metrics(self, x, key, agreed):
@@ -206,10 +203,16 @@ def test_encoder_metrics_stay_local_and_are_summed():
   np.testing.assert_allclose(upd["a"], [0.5, 0.5, -0.5, 0.5])
 
 
-def test_init_records_reference_sizes():
-  """Before any update: the static reference sizes are known, no byte was sent."""
+def test_init_records_the_static_sizes_of_an_update():
+  """Before any update the counters hold the sizes an update records statically, zero for the rest,
+  and the state has the same pytree structure as after an update (one jit cache entry, lax.scan)."""
   params = {"a": jnp.zeros((10,)), "small": jnp.zeros((3,))}
-  m = jaxcomp.metrics(jaxcomp.compress(Round(), min_size=5).init(params))
-  assert float(m["float32_bytes"]) == 4 * 13
-  assert float(m["compressed_float32_bytes"]) == 4 * 10
-  assert float(m["bytes_on_wire"]) == 0 and float(m["encoded_bytes"]) == 0
+  tx = jaxcomp.compress(_Clip(), min_size=5)
+  s0 = tx.init(params)
+  _, s1 = tx.update({"a": jnp.full((10,), 3.0), "small": jnp.zeros((3,))}, s0)
+  assert jax.tree.structure(s0) == jax.tree.structure(s1)
+  m0, m1 = jaxcomp.metrics(s0), jaxcomp.metrics(s1)
+  for m in (m0, m1):
+    assert int(m["float32_bytes"]) == 4 * 13 and int(m["compressed_float32_bytes"]) == 4 * 10
+    assert int(m["bytes_on_wire"]) == 10 + 4 + 4 * 3  # int8 codes + scale, and the float tensor
+  assert int(m0["clipped"]) == 0 and int(m1["clipped"]) == 10

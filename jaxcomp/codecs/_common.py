@@ -1,9 +1,9 @@
 """Private helpers shared by the codecs: input checks and fast scans.
 
 The scans exist for speed. On XLA:CPU a full-length ``jnp.cumsum`` of int32
-runs at only ~100 M elements/s (an associative scan with log2(n) passes whose
-last, elementwise stage is fused into every consumer), so the zero-run codec
-avoids it:
+is slow (an associative scan with log2(n) passes whose last, elementwise
+stage is fused into every consumer; docs/benchmarks.md), so the zero-run
+codec avoids it:
 
 * inside rows of 32 bytes it works on one 32-bit mask per row (bit ``j`` =
   a flag of byte ``j``, built with a multiply that gathers four 0/1 bytes
@@ -102,8 +102,8 @@ def partitions(flat: jax.Array, parts: int, length: int, fill: int = 0) -> list[
   """``flat`` cut into ``parts`` contiguous pieces of ``length``, the short ones padded with ``fill``.
 
   Slicing first and padding only the short pieces keeps the pad out of the
-  other pieces' reads: padding the whole array before cutting it ran 2.4-3.6x
-  slower on XLA:CPU at 1M-4M values (the base-3^5 encoder; docs/benchmarks.md).
+  other pieces' reads, which on XLA:CPU slows every piece's loop (the base-3^5
+  encoder; docs/benchmarks.md).
   """
   n = flat.shape[0]
   out = []
@@ -124,10 +124,8 @@ def join_parts(b: Any, digit: Callable[[Any, int], jax.Array], n: int,
   elementwise. ``b`` is one byte array or a tuple of them (the bit planes of
   wider codes), all ``L`` long; every part is ``L`` long.
 
-  XLA:CPU runs a concatenation 2-4x slower when a piece starts at an odd
-  offset (measured: the base-3^5 decode at 4M values, ``L = 838,861``, took
-  2.2x as long as at 4M + 3 values, ``L = 838,862``; see docs/benchmarks.md).
-  So when ``L`` is odd, a part that would end at an odd offset keeps back its
+  XLA:CPU runs a concatenation much slower when a piece starts at an odd
+  offset (docs/benchmarks.md). So when ``L`` is odd, a part that would end at an odd offset keeps back its
   last value, and that value and the next part's first one travel as a
   two-value piece computed from the two bytes alone. Every piece but the last
   then has an even length.
@@ -202,9 +200,8 @@ def scan_1d(x: jax.Array, op: Callable[[jax.Array, jax.Array], jax.Array],
   ops end in an elementwise stage (``jnp.cumsum`` too), which XLA fuses into
   each per-byte consumer, where it is re-evaluated for every byte and stops
   the loop from vectorizing; XLA also rewrites reduce-based tricks back into
-  elementwise ops. The output of a loop is a materialized array. Measured on
-  the zero-run position computation: 12.7 ms with a fused scan, 2.2 ms with
-  this one, 1.4 ms with no scan at all (3.4 M bytes).
+  elementwise ops. The output of a loop is a materialized array (the
+  zero-run position computation's figures: docs/benchmarks.md).
 
   Args:
     x: 1-D array.
@@ -297,8 +294,8 @@ def scatter_1d(size: int, fill: Any, indices: jax.Array, updates: jax.Array,
   """``jnp.full(size, fill).at[indices].set(updates)``, out of range dropped.
 
   XLA:CPU drops an out-of-range index with a branch per element, which
-  mispredicts when kept and dropped elements interleave at random (measured
-  3-4x slower at 40% kept). Callers avoid that in one of two ways:
+  mispredicts when kept and dropped elements interleave at random. Callers
+  avoid that in one of two ways:
 
   * every element writes: an element with nothing to write targets a slot
     that another element writes with the same value (the order of duplicate

@@ -89,8 +89,8 @@ def _digit(b: jax.Array, k: int) -> jax.Array:
 @functools.partial(jax.jit, static_argnums=1)
 def _decode(b: jax.Array, n: int) -> jax.Array:
   # The first n of P0 ‖ P1 ‖ … ‖ P4, joined from even-length pieces
-  # (join_parts). Concatenating all five and slicing the result to n ran
-  # 3-5x slower on XLA:CPU; pieces at odd offsets, 2x slower.
+  # (join_parts): concatenating all five and slicing the result to n, or
+  # pieces at odd offsets, are slow on XLA:CPU.
   return join_parts(b, lambda x, k: _digit(x, k).astype(jnp.int8) - jnp.int8(1), n, 5)
 
 

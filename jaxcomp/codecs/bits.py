@@ -23,8 +23,8 @@ Why partitions rather than eight consecutive codes per byte: every plane and
 every partition is a contiguous slice, so XLA:CPU fuses packing with the
 quantizer that produces the codes, and unpacking with the scaling that
 consumes them, into vectorised loops with no padding inside the fusion (a
-``pad`` of a fused producer, or an interleaved gather, runs several times
-slower; measured in ``docs/benchmarks.md``). Codes of up to 8 bits are
+``pad`` of a fused producer, or an interleaved gather, is much slower there;
+``docs/benchmarks.md``). Codes of up to 8 bits are
 shifted in ``uint8`` (wider shifts would be masked off anyway), wider ones in
 ``uint32``.
 
@@ -163,7 +163,7 @@ def unpack_uint(b: Any, width: int, n: int) -> jax.Array:
   g, r = divmod(n, 8)
   by = b.astype(dt)
   # The partitions joined from even-length pieces (join_parts): with an odd g,
-  # a plain concatenation ran 2-8x slower on XLA:CPU (docs/benchmarks.md).
+  # a plain concatenation is slow on XLA:CPU (see join_parts).
   planes = tuple(by[k * g:(k + 1) * g] for k in range(width))
   out = [join_parts(planes, lambda p, j: _unpack_part(p, j, width, dt), 8 * g, 8)] if g else []
   if r:

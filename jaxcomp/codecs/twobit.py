@@ -17,7 +17,7 @@ Bit layout (decided here, fixed, and tested byte for byte):
   So element ``i`` sits in bits ``2j .. 2j+1`` of byte ``k`` with
   ``j, k = divmod(i, m)``, and ``pack_2bit([1])`` is ``0b01_01_01_10 = 0x56``.
   Contiguous planes make packing and unpacking plain vector work (unpacking
-  an interleaved layout ran ~5x slower on XLA:CPU).
+  an interleaved layout is much slower on XLA:CPU; docs/benchmarks.md).
 
 Both directions are pure ``jax.numpy``, jit-able and usable inside a caller's
 ``jit``/``vmap``/``shard_map``.

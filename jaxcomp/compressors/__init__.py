@@ -30,11 +30,17 @@ from jaxcomp.compressors.local_steps import local_steps
 from jaxcomp.compressors.threshold import Threshold, threshold
 from jaxcomp.compressors.adaptive import Adaptive, adaptive
 
+
+def _uncompressed(**kwargs: Any) -> optax.GradientTransformationExtraArgs:
+  """The float baseline ``"none"``: ``jaxcomp.compress(None, **kwargs)``, every tensor averaged in float."""
+  return transforms.compress(None, **kwargs)
+
+
 # name -> factory(**kwargs) -> optax.GradientTransformationExtraArgs.
 # Every factory accepts the keyword arguments of jaxcomp.compress
 # (axis_name, skip, min_size, seed, nonfinite, error_feedback).
 REGISTRY: dict[str, Callable[..., optax.GradientTransformationExtraArgs]] = {
-    "none": transforms.pmean,
+    "none": _uncompressed,
     "terngrad": terngrad,
     "qsgd": qsgd,
     "threelc": threelc,
@@ -58,6 +64,7 @@ WRAPPERS: dict[str, Callable[..., optax.GradientTransformation]] = {
 
 
 def names() -> list[str]:
+  """The registered names: compressors (`REGISTRY`) and optimizer wrappers such as local steps."""
   return sorted(set(REGISTRY) | set(WRAPPERS))
 
 

@@ -152,12 +152,11 @@ def kth_largest(pool: jax.Array, valid: jax.Array, t: jax.Array, kmax: int) -> j
   * otherwise radix selection: the entries' order-preserving uint32 keys are
     searched from the top, :data:`_RADIX_BITS` bits per round (8 counting
     passes of 15 candidates each), which builds the largest key with at
-    least ``t`` valid keys at or above it, the ``t``-th largest. For top-k's
-    rank 205 of a 4096-entry sample, a bit-per-round search made its encode
-    ~20% faster at 1M elements than ``lax.top_k`` (measured side by side);
-    4 bits per round cut its 128 kernels to 32, whose launch costs had come
-    to more than the counting (docs/benchmarks.md). For adaptive's ranks of
-    1-2 ``lax.top_k`` is faster.
+    least ``t`` valid keys at or above it, the ``t``-th largest. For large
+    ranks (top-k's rank in a sample of thousands) this beats ``lax.top_k``
+    on XLA:CPU, and several bits per round keep the number of kernels,
+    whose launch costs would otherwise dominate, small (docs/benchmarks.md).
+    For small ranks (adaptive's 1-2) ``lax.top_k`` is faster.
 
   Args:
     pool: ``(m, cols)`` values.
@@ -225,7 +224,7 @@ _SCAN_DIRECT = 512  # up to this many rows, one product with a triangular matrix
 
 
 def _lower_ones(n: int) -> np.ndarray:
-  """float32 ``(n, n)`` lower-triangular ones, a compile-time constant (``jnp.tril`` is built at run time: ~0.1 ms at 410)."""
+  """float32 ``(n, n)`` lower-triangular ones, a compile-time constant (``jnp.tril`` would build it at run time)."""
   return np.tri(n, dtype=np.float32)
 
 
@@ -236,10 +235,9 @@ def prefix_sum_rows(counts: jax.Array, total_bound: Optional[int] = None) -> jax
   """Inclusive cumulative sum over axis 0 of non-negative int32 counts.
 
   ``jnp.cumsum`` over a major axis lowers to a windowed reduction on XLA:CPU
-  that ran 100x slower than the memory traffic here (250 ms for a
-  ``(128, 4096)`` array fused behind its producer), and a Hillis-Steele scan
-  takes ``log2(rows)`` passes, each a kernel of its own (31 of them, ~1.5 ms,
-  in top-k's encode at 1M elements). So, when ``total_bound`` (a static
+  that runs far below memory speed, and a Hillis-Steele scan takes
+  ``log2(rows)`` passes, each a kernel of its own (docs/benchmarks.md). So,
+  when ``total_bound`` (a static
   bound on every column's sum) is at most ``2**24``, the sums are products
   with lower-triangular matrices of ones in float32, exact because every
   partial sum is an integer no larger than the total:
@@ -283,11 +281,9 @@ def pack_rows(mask: jax.Array) -> jax.Array:
   ``(ceil(rows / 32), cols)``.
 
   The bits are disjoint, so the word is a sum of the shifted bits: one
-  reduction, into which XLA:CPU fuses the mask's producer (a comparison).
-  It is 1.6-2x faster than OR-ing 32 strided slices, which stored the mask
-  first (measured side by side at 1M entries in 1 column and in 1,024). A
-  reduction also ends the fusion, so :func:`compact_words`' gathers read
-  stored words.
+  reduction, into which XLA:CPU fuses the mask's producer (a comparison);
+  OR-ing 32 strided slices would store the mask first. A reduction also
+  ends the fusion, so :func:`compact_words`' gathers read stored words.
   """
   rows, cols = mask.shape
   nwords = -(-rows // _WORD)
@@ -339,8 +335,8 @@ def compact_words(words: jax.Array, capacity: int, fill: int = 0) -> Slots:
   # w[s] = number of words whose inclusive count is <= s: the word holding
   # selected entry s. A histogram of the inclusive counts below `capacity`
   # (one scatter-add of nwords values per column) and its prefix sum give it
-  # for every slot at once (a per-slot binary search took ~6x longer: log2(nwords)
-  # dependent gathers).
+  # for every slot at once (a per-slot binary search would need log2(nwords)
+  # dependent gathers, which are slow).
   col = lax.broadcasted_iota(jnp.int32, incl.shape, 1)
   hist = jnp.zeros((capacity, cols), jnp.int32).at[incl, col].add(1, mode="drop")
   w = prefix_sum_rows(hist, nwords)  # the histogram counts words

@@ -16,7 +16,7 @@ error feedback has added the residual (``x = g + r``):
    less than τ−, analogously to one-bit quantization"), two float32 per column;
 4. error feedback (the shared mechanism of :func:`jaxcomp.compress`).
 
-Decisions (DESIGN.md rule 5; tested in ``tests/test_compressors_b.py``):
+Decisions (tested in ``tests/test_column_compressors.py``):
 
 * **The proportion.** §3.3 says "we want to send the largest k/π of them" and
   footnote 1 that it "actually sends a proportion π of each of the
@@ -37,8 +37,8 @@ Decisions (DESIGN.md rule 5; tested in ``tests/test_compressors_b.py``):
   the paper uses sampling throughout ("Sampling is crucial for good
   performance in our adaptive quantization ... we do not ... use variants
   without sampling", §4.2). ``sample=None`` or ``s >= rows`` selects exactly
-  over the whole column (a selection over every row instead of ``s``: ~40x
-  slower on a 1M-row column here). The means are always those of the
+  over the whole column (a selection over every row instead of ``s``, much
+  slower on long columns). The means are always those of the
   entries actually sent (one masked pass; the paper estimates them from the
   partially sorted sample only to save CPU time).
 * **Fixed-size payload.** Per column, with exact thresholds, ``cap =
@@ -64,7 +64,7 @@ Decisions (DESIGN.md rule 5; tested in ``tests/test_compressors_b.py``):
 References:
   Dryden, Moon, Jacobs, Van Essen. *Communication Quantization for
   Data-parallel Training of Deep Neural Networks*. MLHPC 2016, §3.3 and
-  footnote 1. (``papers/dryden_adaptive_quantization.md``)
+  footnote 1.
 """
 
 from __future__ import annotations
@@ -109,7 +109,6 @@ class Adaptive(core.Compressor):
   rng: rng.RngImpl = "hash"
   capacity: Optional[_select.Capacity] = None
 
-  name = "adaptive"
   error_feedback = True
   metric_keys = ("overflow",)
 
@@ -120,9 +119,6 @@ class Adaptive(core.Compressor):
     if self.capacity is not None:
       _select.check_capacity(self.capacity)
 
-  @property
-  def stochastic(self) -> bool:
-    return self.sample is not None
 
   def slots(self, rows: int) -> int:
     """Word slots per column: ``capacity`` of the rows, else ``min(rows, ceil(m·π·rows) + 1)``.
@@ -163,8 +159,8 @@ class Adaptive(core.Compressor):
     sent_pos = values > 0
     sent_neg = values < 0
     # The four column sums (values and counts of each side) as one contraction
-    # over the slots: as four reductions XLA:CPU ran the encode 2x slower (counts
-    # in float32 are exact: at most 2**24 slots per column).
+    # over the slots, which XLA:CPU runs faster than four reductions (counts in
+    # float32 are exact: at most 2**24 slots per column).
     sides = jnp.stack([jnp.where(sent_pos, values, 0.0), jnp.where(sent_neg, values, 0.0),
                        sent_pos.astype(jnp.float32), sent_neg.astype(jnp.float32)])
     tot = jnp.einsum("s,ksc->kc", jnp.ones((values.shape[0],), jnp.float32), sides,

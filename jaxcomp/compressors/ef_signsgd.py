@@ -9,7 +9,7 @@ The wire: the sign bits packed eight per byte (the same
 :func:`jaxcomp.compressors.signsgd.sign_bits` as signSGD) plus the float32
 scale ``‖p‖₁/d``: ``ceil(n/8) + 4`` bytes.
 
-Decisions (DESIGN.md rule 5; tested in ``tests/test_compressors_a.py``):
+Decisions (tested in ``tests/test_quantizers.py``):
 
 * ``sign(0) = +1`` (one bit); a zero element is then sent as ``+‖p‖₁/d`` and
   the error feedback keeps the difference.
@@ -50,7 +50,6 @@ class ScaledSignPayload(NamedTuple):
 class EFSignSGD(core.Compressor):
   """EF-SignSGD's scaled sign compressor (see the module docstring)."""
 
-  name = "ef_signsgd"
   error_feedback = True
 
   def encode(self, x, key, agreed):

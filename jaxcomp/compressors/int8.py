@@ -8,7 +8,7 @@ the residual keeps ``x − codes · scale`` (``|·| <= scale/2`` per element).
 
 The wire: ``int8[n]`` codes plus the float32 scale, ``n + 4`` bytes.
 
-Decisions (DESIGN.md rule 5; tested in ``tests/test_compressors_a.py``):
+Decisions (tested in ``tests/test_quantizers.py``):
 
 * deterministic rounding, half to even (``jnp.round``); ``x / scale`` is
   computed as ``x · (127 / max|x|)`` and clipped to ±127, so float rounding
@@ -18,11 +18,10 @@ Decisions (DESIGN.md rule 5; tested in ``tests/test_compressors_a.py``):
 
 References:
   Lim, Andersen, Kaminsky. *3LC: Lightweight and Effective Traffic
-  Compression for Distributed Machine Learning*. MLSys 2019, §4.2 ("8-bit
+  Compression for Distributed Machine Learning*. MLSys 2019 (arXiv:1802.07389), §4.2 ("8-bit
   int is 8-bit quantization with error accumulation ... 255 distinct values,
   [−127, 127], leaving −128 unused"). Error accumulation: Seide et al.,
   *1-bit stochastic gradient descent ...*, INTERSPEECH 2014.
-  (``papers/3lc.md``)
 """
 
 from __future__ import annotations
@@ -50,7 +49,6 @@ class Int8Payload(NamedTuple):
 class Int8(core.Compressor):
   """The 8-bit int baseline (see the module docstring)."""
 
-  name = "int8"
   error_feedback = True
 
   def encode(self, x, key, agreed):

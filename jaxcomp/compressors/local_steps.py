@@ -20,7 +20,7 @@ the spirit of ``optax.MultiSteps``), registered in
   (a float ``pmean`` by default, or any registered compressor), the optimizer
   is applied to the exchanged average, and the accumulator is reset.
 
-Decisions (DESIGN.md rule 5; tested in ``tests/test_compressors_b.py``):
+Decisions (tested in ``tests/test_local_steps.py``):
 
 * **Mean, not sum**: 3LC says the scheme "effectively doubles the global batch
   size"; the gradient of a batch twice as large is the mean of the two
@@ -45,8 +45,7 @@ Decisions (DESIGN.md rule 5; tested in ``tests/test_compressors_b.py``):
 
 References:
   Lim, Andersen, Kaminsky. *3LC: Lightweight and Effective Traffic
-  Compression for Distributed Machine Learning*. MLSys 2019, §4.2
-  (``papers/3lc.md``).
+  Compression for Distributed Machine Learning*. MLSys 2019 (arXiv:1802.07389), §4.2.
 """
 
 from __future__ import annotations
@@ -98,16 +97,30 @@ def _vary(x: Any, axes: frozenset) -> Any:
   return lax.pcast(x, missing, to="varying") if missing else x
 
 
-def _silence(state: Any) -> Any:
-  """``state`` with every wire counter of every compression transform set to 0."""
+def _wire_counts(state: Any, fn) -> Any:
+  """``state`` with ``fn`` applied to every wire counter (all but the reference sizes)."""
 
   def fix(x):
     if not _is_local(x):
       return x
-    metrics = {k: (v if k in REFERENCE_METRICS else jnp.zeros_like(v)) for k, v in x.metrics.items()}
-    return x._replace(metrics=metrics)
+    return x._replace(metrics={k: (v if k in REFERENCE_METRICS else fn(v)) for k, v in x.metrics.items()})
 
   return jax.tree.map(fix, state, is_leaf=_is_local)
+
+
+def _silence(state: Any) -> Any:
+  """``state`` with every wire counter of every compression transform set to 0.
+
+  A wire counter is static in an exchange's own state (a payload's size) but
+  0 on the steps without an exchange, so both branches of the ``lax.cond``
+  carry it in its traced form (:meth:`jaxcomp.count.Count.traced`).
+  """
+  return _wire_counts(state, lambda c: c.zeros_like())
+
+
+def _traced(state: Any) -> Any:
+  """``state`` with every wire counter in its traced form (same values)."""
+  return _wire_counts(state, lambda c: c.traced())
 
 
 def local_steps(
@@ -134,7 +147,7 @@ def local_steps(
       the exchange and ``optimizer``.
     axis_name: the named worker axis (see :func:`jaxcomp.compress`).
     exchange: how the accumulated mean is exchanged: ``None`` (default) a float
-      ``pmean`` (:func:`jaxcomp.pmean`), a registered compressor's name (built
+      ``pmean`` (``jaxcomp.compress(None)``), a registered compressor's name (built
       with ``axis_name`` and ``**exchange_kwargs``), or an optax transform that
       averages over ``axis_name`` itself.
     **exchange_kwargs: keyword arguments of the named compressor; for the float
@@ -151,7 +164,7 @@ def local_steps(
     unexpected = sorted(set(exchange_kwargs) - set(FLOAT_EXCHANGE_KWARGS))
     if unexpected:
       raise TypeError(f"Unexpected arguments {unexpected} for the float exchange; name a compressor with `exchange=`.")
-    ex = transforms.pmean(axis_name, **exchange_kwargs)
+    ex = transforms.compress(None, axis_name=axis_name, **exchange_kwargs)
   elif isinstance(exchange, str):
     from jaxcomp.compressors import get_transform  # the registry imports this module
 
@@ -168,7 +181,7 @@ def local_steps(
     return LocalStepsState(
         mini_step=jnp.zeros((), jnp.int32),
         local=core.WorkerLocal(residual=acc, metrics={}),
-        exchange=ex.init(params),
+        exchange=_silence(ex.init(params)),
         inner=opt.init(params),
     )
 
@@ -179,7 +192,7 @@ def local_steps(
       mean = jax.tree.map(lambda a, g: (a / k).astype(g.dtype), acc, updates)
       averaged, ex_state = ex.update(mean, ex_state, params, **extra_args)
       new_updates, opt_state = opt.update(averaged, opt_state, params, **extra_args)
-      return new_updates, jax.tree.map(jnp.zeros_like, acc), ex_state, opt_state
+      return new_updates, jax.tree.map(jnp.zeros_like, acc), _traced(ex_state), opt_state
 
     operands = (acc, state.exchange, state.inner)
     if k == 1:

@@ -16,8 +16,7 @@ residual (``x = g + r``):
 4. error feedback (the shared mechanism of :func:`jaxcomp.compress`):
    ``r ← x − decode(own payload)``.
 
-Decisions where the papers are brief (DESIGN.md rule 5; tested in
-``tests/test_compressors_b.py``):
+Decisions where the papers are brief (tested in ``tests/test_column_compressors.py``):
 
 * **Column** (the papers speak of weight matrices): the column view of
   :mod:`jaxcomp.compressors._select`: a tensor of shape ``s`` is
@@ -51,7 +50,6 @@ References:
   Interspeech 2014.
   Dryden, Moon, Jacobs, Van Essen. *Communication Quantization for
   Data-parallel Training of Deep Neural Networks*. MLHPC 2016, §3.1.
-  (``papers/dryden_adaptive_quantization.md``)
 """
 
 from __future__ import annotations
@@ -88,9 +86,9 @@ def column_means(pool: jax.Array) -> jax.Array:
   difference (its rounding error is that of the column's sums, ~1e-7 of
   ``Σ|x|``; error feedback carries it like any quantization error). Written
   with ``x >= 0`` masks, or with ``Σ min(x, 0)`` as a third sum, XLA:CPU
-  fused the reductions into one loop that ran 3-6x slower at 4M elements
-  (measured side by side; see docs/benchmarks.md). A single column is
-  reduced as a flat vector (1.6x faster than as ``(n, 1)``). Counts are
+  fuses the reductions into one slow loop (docs/benchmarks.md). A single
+  column is reduced as a flat vector, which XLA:CPU reduces faster than an
+  ``(n, 1)`` array. Counts are
   summed in float32 (exact) up to 2**24 rows, in int32 beyond.
   """
   rows, cols = pool.shape
@@ -116,16 +114,12 @@ class OneBit(core.Compressor):
   sample: Optional[int] = None
   rng: rng.RngImpl = "hash"
 
-  name = "onebit"
   error_feedback = True
 
   def __post_init__(self):
     _select.check_sample(self.sample)
     rng.check_impl(self.rng)
 
-  @property
-  def stochastic(self) -> bool:  # only the sampled means use the key
-    return self.sample is not None
 
   def encode(self, x, key, agreed):
     del agreed

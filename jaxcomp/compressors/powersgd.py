@@ -18,7 +18,7 @@ The wire per worker and step: the float32 ``P`` (``n×r``) and ``Q`` (``m×r``),
 ``4·r·(n+m)`` bytes, moved by two ``pmean`` all-reduces (a custom exchange:
 ``custom_exchange = True``).
 
-Decisions (DESIGN.md rule 5; tested in ``tests/test_compressors_b.py``):
+Decisions (tested in ``tests/test_powersgd.py``):
 
 * **Matrix view**: the column view of :mod:`jaxcomp.compressors._select`,
   ``(prod(shape[:-1]), shape[-1])``. For a Flax Dense kernel ``(in, out)`` that
@@ -108,7 +108,6 @@ class PowerSGD(core.Compressor):
   rank: int = 1
   warm_start: bool = True
 
-  name = "powersgd"
   error_feedback = True
   custom_exchange = True
 

@@ -25,7 +25,7 @@ sign that would be 6 bits per value here, ``levels=16``. We follow the
 bits-on-the-wire reading and say so.) The default is 4-bit, ``s = 7``, with
 ``d = 512`` (§5).
 
-Variance (Lemma 3.1 (ii), tested in ``tests/test_compressors_a.py``): per
+Variance (Lemma 3.1 (ii), tested in ``tests/test_quantizers.py``): per
 bucket of ``d`` values,
 
 * L2 norm: ``E‖Q(v) − v‖² ≤ min(d/s², √d/s) · ‖v‖₂²`` (the paper's bound);
@@ -35,7 +35,7 @@ bucket of ``d`` values,
   ``E‖Q(v) − v‖² ≤ min(d·M²/(4s²), M‖v‖₁/s) ≤ min(d/(4s²), √d/s) · ‖v‖₂²``
   (using ``M ≤ ‖v‖₂`` and ``‖v‖₁ ≤ √d‖v‖₂``).
 
-Decisions where the paper is silent (DESIGN.md rule 5, tested):
+Decisions where the paper is silent (tested in ``tests/test_quantizers.py``):
 
 * ``sgn(0) = +1`` as in §3, which does not matter: a zero value has ``ℓ = 0``
   and is sent as code ``s`` (zero).
@@ -54,7 +54,7 @@ Decisions where the paper is silent (DESIGN.md rule 5, tested):
 References:
   Alistarh, Grubic, Li, Tomioka, Vojnovic. *QSGD: Communication-Efficient SGD
   via Gradient Quantization and Encoding*. NeurIPS 2017. Eq. 4, Lemma 3.1,
-  §4 (bucketing, max-norm), §5 (bits and bucket sizes). (``papers/qsgd.md``)
+  §4 (bucketing, max-norm), §5 (bits and bucket sizes). arXiv:1610.02132.
 """
 
 from __future__ import annotations
@@ -113,9 +113,7 @@ class QSGD(core.Compressor):
   norm: Norm = "max"
   rng: rng.RngImpl = "hash"
 
-  name = "qsgd"
   unbiased = True
-  stochastic = True
 
   def __post_init__(self):
     if isinstance(self.levels, bool) or not isinstance(self.levels, int) or self.levels < 1:

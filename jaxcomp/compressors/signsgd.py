@@ -12,13 +12,14 @@ The wire: the sign bits packed eight per byte
 ``uint8`` per tensor saying whether the worker's tensor is nonzero (see
 below): ``ceil(n/8) + 1`` bytes.
 
-Decisions (DESIGN.md rule 5; tested in ``tests/test_compressors_a.py``):
+Decisions (tested in ``tests/test_quantizers.py``):
 
 * ``sign(0) = +1`` per element (one bit cannot say 0; bit 1 means
   ``g >= 0``, so ``-0.0`` also votes +1), as the QSGD paper's ``sgn``.
 * A worker whose whole tensor is zero (a frozen or unused layer) abstains:
   its one-byte flag is 0 and it votes 0 everywhere. So an all-zero input gives
-  an all-zero update (DESIGN.md rule 4), not ``+1``.
+  an all-zero update (zeros in, zeros out, as for every compressor here), not
+  ``+1``.
 * Ties of the vote (an even number of voters split equally, or all abstain)
   give 0: ``sign(0) = 0`` for the aggregate.
 * The majority vote is the aggregate; ``decode`` of a single payload is that
@@ -46,7 +47,6 @@ import jax.numpy as jnp
 import optax
 
 from jaxcomp import core
-from jaxcomp import parallel
 from jaxcomp import transforms
 from jaxcomp import two_phase
 from jaxcomp.codecs import bits
@@ -71,7 +71,6 @@ def unpack_signs(packed: jax.Array, n: int) -> jax.Array:
 class SignSGD(core.Compressor):
   """signSGD with majority vote (see the module docstring)."""
 
-  name = "signsgd"
 
   def encode(self, x, key, agreed):
     del key, agreed
@@ -86,7 +85,7 @@ class SignSGD(core.Compressor):
   def aggregate(self, gathered, shape):
     n = core.size_of(shape)
     votes = jax.vmap(lambda p: self._votes(p, n))(gathered)
-    return jnp.sign(parallel.sum_leading(votes)).astype(jnp.float32).reshape(shape)
+    return jnp.sign(core.sum_leading(votes)).astype(jnp.float32).reshape(shape)
 
   # The two-phase exchange (jaxcomp.two_phase): exact integer vote counts in
   # phase 1, their sign (ties 0) in base-3^5 in phase 2.

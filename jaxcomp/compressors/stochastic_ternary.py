@@ -15,7 +15,7 @@ The quantizer is TernGrad's own (:func:`jaxcomp.compressors.terngrad.ternarize`
 and :class:`~jaxcomp.compressors.terngrad.TernGrad`'s scale, inherited here,
 with clipping fixed off); only the wire differs.
 
-Decisions (DESIGN.md rule 5; tested in ``tests/test_compressors_a.py``):
+Decisions (tested in ``tests/test_quantizers.py``):
 
 * Scalar sharing (TernGrad Eq. 4) is **off** by default: 3LC is a
   point-to-point design with no coordination between workers (3LC §3), so
@@ -29,9 +29,9 @@ Decisions (DESIGN.md rule 5; tested in ``tests/test_compressors_a.py``):
   deterministically; a tensor of zeros decodes to zeros.
 
 References:
-  Lim, Andersen, Kaminsky. *3LC*. MLSys 2019, §3.1, §3.2, §4.2.
-  Wen et al. *TernGrad*. NeurIPS 2017, Eq. 1–3. (``papers/3lc.md``,
-  ``papers/terngrad.md``)
+  Lim, Andersen, Kaminsky. *3LC*. MLSys 2019 (arXiv:1802.07389), §3.1, §3.2,
+  §4.2.
+  Wen et al. *TernGrad*. NeurIPS 2017 (arXiv:1705.07878), Eq. 1–3.
 """
 
 from __future__ import annotations
@@ -44,7 +44,6 @@ import jax.numpy as jnp
 import optax
 
 from jaxcomp import core
-from jaxcomp import parallel
 from jaxcomp import rng
 from jaxcomp import transforms
 from jaxcomp.codecs import base243
@@ -70,7 +69,6 @@ class StochasticTernary(TernGrad):
   scalar_sharing: bool = False
   rng: rng.RngImpl = "hash"
 
-  name = "stochastic_ternary"
 
   def encode(self, x, key, agreed):
     scale = agreed if agreed is not None else self._local_scale(x)
@@ -85,7 +83,7 @@ class StochasticTernary(TernGrad):
     if not self.scalar_sharing:
       return core.Compressor.aggregate(self, gathered, shape)
     n = core.size_of(shape)
-    total = parallel.sum_leading(jax.vmap(lambda c: base243.base243_decode(c, n))(gathered.codes))
+    total = core.sum_leading(jax.vmap(lambda c: base243.base243_decode(c, n))(gathered.codes))
     return (total.astype(jnp.float32) * (gathered.scale[0] / gathered.scale.shape[0])).reshape(shape)
 
 

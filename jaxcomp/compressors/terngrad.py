@@ -14,8 +14,7 @@ scalar), on every worker ``i``:
 5. the wire: codes in {−1, 0, 1} packed four per byte (2 bits each, §3.1), plus
    the float32 scalar.
 
-Decisions where the paper is brief (DESIGN.md rule 5; tested in
-``tests/test_terngrad.py``):
+Decisions where the paper is brief (tested in ``tests/test_terngrad.py``):
 
 * ``s`` follows the paper's Eq. 2, ``max|f(g)|``. The authors' TensorFlow code
   uses ``c·σ`` itself; the two differ only when ``max|g| < c·σ``.
@@ -32,8 +31,7 @@ Decisions where the paper is brief (DESIGN.md rule 5; tested in
 
 References:
   Wen, Xu, Yan, Wu, Wang, Chen, Li. *TernGrad: Ternary Gradients to Reduce
-  Communication in Distributed Deep Learning*. NeurIPS 2017.
-  (``papers/terngrad.md``)
+  Communication in Distributed Deep Learning*. NeurIPS 2017. arXiv:1705.07878.
 """
 
 from __future__ import annotations
@@ -46,7 +44,6 @@ import jax.numpy as jnp
 import optax
 
 from jaxcomp import core
-from jaxcomp import parallel
 from jaxcomp import rng
 from jaxcomp import transforms
 from jaxcomp.codecs import twobit
@@ -62,10 +59,8 @@ def _moments(x: jax.Array) -> tuple[jax.Array, jax.Array]:
   """``(σ, max|x|)`` of a flat tensor: the population std (two-pass, stable) and the max.
 
   The sum of squared deviations is a dot product, which XLA:CPU runs at memory
-  speed (measured: 0.77 ms for 1M elements against 1.08 ms for ``jnp.std``
-  plus the maximum). ``max|x|`` is ``max(max x, -min x)``: ``max(abs(x))``
-  wrote ``|x|`` to memory before reducing it, and the encode took ~1.4x as
-  long at 4M elements (measured side by side).
+  speed (``jnp.std`` is the plain form). ``max|x|`` is ``max(max x, -min x)``:
+  ``max(abs(x))`` writes ``|x|`` to memory before reducing it on XLA:CPU.
   """
   if x.size == 0:
     return jnp.float32(0.0), jnp.float32(0.0)
@@ -113,9 +108,9 @@ def ternarize_stored(x: jax.Array, scale: jax.Array, key: jax.Array, impl: rng.R
 
   Returns ``4·ceil(n/4)`` codes; the first ``n`` are :func:`ternarize`'s own
   (the hash draws by position) and a padded zero draws code 0. XLA:CPU
-  vectorises the hash loop only for such lengths: at 1M–4M values of other
-  lengths, ternarizing in place and packing straight from the loop ran 1.4–13x
-  slower (measured; see docs/benchmarks.md). Storing the codes before packing
+  vectorises the hash loop only for such lengths: at other lengths,
+  ternarizing in place and packing straight from the loop is much slower
+  (docs/benchmarks.md). Storing the codes before packing
   keeps the packers' loops apart from the hash loop. (TernGrad's encode at
   lengths that are already a multiple of 4 does not store them.)
   """
@@ -137,9 +132,7 @@ class TernGrad(core.Compressor):
   scalar_sharing: bool = True
   rng: rng.RngImpl = "hash"
 
-  name = "terngrad"
   unbiased = True  # unbiased w.r.t. the clipped gradient (exactly unbiased when clip_sigma=None)
-  stochastic = True
 
   def __post_init__(self):
     if self.clip_sigma is not None and not self.clip_sigma > 0:
@@ -165,9 +158,8 @@ class TernGrad(core.Compressor):
     if flat.shape[0] % 4 == 0:
       # No padding: the 2-bit packer reads four contiguous quarters, and
       # XLA:CPU runs the hash loop fused into it faster than it stores the
-      # codes first (ternarize + pack side by side, 1M: 1.05 -> 0.66 ms, 16M:
-      # 10.0 -> 7.7 ms; docs/benchmarks.md). At other lengths the padding makes the
-      # fused loop 3-4x slower, so the codes are stored.
+      # codes first (docs/benchmarks.md). At other lengths the padding makes
+      # the fused loop slow, so the codes are stored.
       codes = ternarize(flat, scale, key, self.rng, bound=bound)
     else:
       # The padded codes' extra zeros are the pack's own padding.
@@ -185,7 +177,7 @@ class TernGrad(core.Compressor):
     n = core.size_of(shape)
     workers = gathered.scale.shape[0]
     codes = jax.vmap(lambda c: twobit.unpack_codes(c, n))(gathered.codes)
-    total = parallel.sum_leading(codes) - workers  # int32: the sum of t over workers
+    total = core.sum_leading(codes) - workers  # int32: the sum of t over workers
     return (total.astype(jnp.float32) * (gathered.scale[0] / workers)).reshape(shape)
 
 

@@ -16,8 +16,8 @@ Per tensor, on every worker (3LC §3, Fig. 2):
 5. zero-run encoding (§3.3, step 4, :mod:`jaxcomp.codecs.zerorun`): lossless,
    variable length.
 
-The wire. A static-shape collective cannot move a variable-length stream
-(DESIGN.md rule 2), so there are two modes:
+The wire. A collective moves arrays of static shapes, not a variable-length
+stream, so there are two modes:
 
 * ``capacity=None`` (default): the collective moves the base-3^5 bytes and
   ``m`` (``ceil(n/5) + 4`` bytes). The exact zero-run size (run-coded bytes
@@ -40,8 +40,7 @@ The wire. A static-shape collective cannot move a variable-length stream
   did not fit on this worker, ``zero_run_fallback_rounds`` the tensors for
   which the plain round ran (because some worker's stream did not fit).
 
-Decisions where the paper is brief (DESIGN.md rule 5; tested in
-``tests/test_compressors_a.py``):
+Decisions where the paper is brief (tested in ``tests/test_quantizers.py``):
 
 * ``round`` is round-half-to-even (``jnp.round``, like ``tf.round`` of the
   authors' TensorFlow implementation). Since ``|T_in/m| <= 1/s <= 1``, the
@@ -59,7 +58,7 @@ References:
   Lim, Andersen, Kaminsky. *3LC: Lightweight and Effective Traffic
   Compression for Distributed Machine Learning*. MLSys 2019. §3.1 (3-value
   quantization, sparsity multiplication, error accumulation, Fig. 2), §3.2
-  (base-3^5), §3.3 (zero-run). (``papers/3lc.md``)
+  (base-3^5), §3.3 (zero-run). arXiv:1802.07389.
 """
 
 from __future__ import annotations
@@ -77,6 +76,7 @@ from jaxcomp import parallel
 from jaxcomp import transforms
 from jaxcomp.codecs import base243
 from jaxcomp.codecs import zerorun
+from jaxcomp.count import Count
 from jaxcomp.compressors._quant import materialize, max_abs, safe_reciprocal
 
 
@@ -115,7 +115,6 @@ class ThreeLC(core.Compressor):
   zero_run: bool = True
   capacity: Optional[float] = None
 
-  name = "threelc"
   error_feedback = True
 
   def __post_init__(self):
@@ -196,9 +195,9 @@ class ThreeLC(core.Compressor):
     payload = ThreeLCZeroRunPayload(buffer=packed.buffer, length=packed.length, scale=m)
     first = core.tree_nbytes(payload)
     fallback_bytes = codes.nbytes
-    if not parallel._names(axis_name):
+    if not parallel.axis_names(axis_name):
       rounds = {"zero_run_fallback_rounds": (~packed.fits).astype(jnp.int32)}
-      wire = first + jnp.where(packed.fits, 0, fallback_bytes).astype(jnp.int32)
+      wire = Count(first) + jnp.where(packed.fits, 0, fallback_bytes)
       return core.Exchanged(mean=own, own=own, payload=payload, wire_bytes=wire, state=None, metrics=rounds)
 
     payload = lax.optimization_barrier(payload)  # materialized before the collective, as parallel.exchange does
@@ -207,16 +206,16 @@ class ThreeLC(core.Compressor):
     workers = gathered.scale.shape[0]
 
     def from_buffers():
-      return parallel.sum_leading(jax.vmap(lambda p: self.decode(p, shape))(gathered)) / workers
+      return core.sum_leading(jax.vmap(lambda p: self.decode(p, shape))(gathered)) / workers
 
     def from_plain():
       plain = parallel.all_gather(codes, axis_name)
       dec = jax.vmap(lambda c, s: self.decode(ThreeLCPayload(c, s), shape))(plain, gathered.scale)
-      return parallel.sum_leading(dec) / workers
+      return core.sum_leading(dec) / workers
 
     mean = lax.cond(all_fit, from_buffers, from_plain)
     rounds = {"zero_run_fallback_rounds": (~all_fit).astype(jnp.int32)}
-    wire = first + jnp.where(all_fit, 0, fallback_bytes).astype(jnp.int32)
+    wire = Count(first) + jnp.where(all_fit, 0, fallback_bytes)
     return core.Exchanged(mean=mean, own=own, payload=payload, wire_bytes=wire, state=None, metrics=rounds)
 
 

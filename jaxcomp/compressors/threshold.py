@@ -21,7 +21,7 @@ is the transport's, as MPI's envelope carries it), or with ``rice=True`` the
 size of Strom's delta + Golomb-Rice coding of the positions that Dryden et al.
 evaluate (:func:`jaxcomp.compressors._select.rice_bits`).
 
-Decisions (DESIGN.md rule 5; tested in ``tests/test_compressors_b.py``):
+Decisions (tested in ``tests/test_column_compressors.py``):
 
 * Strict inequalities, as the paper words them: ``|x| = τ`` is not sent.
 * **Over capacity**, the entries **first in index order** win (one cumulative
@@ -41,7 +41,6 @@ References:
   Computing*. Interspeech 2015.
   Dryden, Moon, Jacobs, Van Essen. *Communication Quantization for
   Data-parallel Training of Deep Neural Networks*. MLHPC 2016, §3.2.
-  (``papers/dryden_adaptive_quantization.md``)
 """
 
 from __future__ import annotations
@@ -77,7 +76,6 @@ class Threshold(core.Compressor):
   capacity: _select.Capacity = 1 / 32
   rice: bool = False
 
-  name = "threshold"
   error_feedback = True
   metric_keys = ("overflow",)
 

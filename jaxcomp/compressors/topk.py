@@ -24,7 +24,7 @@ residual (``x = g + r``):
    not sent stays in the residual ("accumulates unsent changes in buffers for
    later transmission").
 
-Decisions (DESIGN.md rule 5; tested in ``tests/test_compressors_b.py``):
+Decisions (tested in ``tests/test_column_compressors.py``):
 
 * ``k = ceil(fraction·n)`` (at least one value of a non-empty tensor).
 * The sample: ``sample`` values drawn uniformly **with replacement** (an
@@ -44,8 +44,7 @@ Decisions (DESIGN.md rule 5; tested in ``tests/test_compressors_b.py``):
 
 References:
   Lim, Andersen, Kaminsky. *3LC: Lightweight and Effective Traffic
-  Compression for Distributed Machine Learning*. MLSys 2019, §4.2
-  (``papers/3lc.md``).
+  Compression for Distributed Machine Learning*. MLSys 2019 (arXiv:1802.07389), §4.2.
   Aji, Heafield. *Sparse Communication for Distributed Gradient Descent*.
   EMNLP 2017.
 """
@@ -124,7 +123,6 @@ class TopK(core.Compressor):
   capacity: Optional[_select.Capacity] = None
   rng: rng.RngImpl = "hash"
 
-  name = "topk"
   error_feedback = True
   metric_keys = ("overflow",)
 
@@ -137,9 +135,6 @@ class TopK(core.Compressor):
       _select.check_capacity(self.capacity)
     rng.check_impl(self.rng)
 
-  @property
-  def stochastic(self) -> bool:
-    return self.sample is not None
 
   def k(self, n: int) -> int:
     return min(n, math.ceil(self.fraction * n))

@@ -1,4 +1,4 @@
-"""QSGD, 3LC, int8, stochastic ternary, signSGD and EF-SignSGD: the issue-3 requirements.
+"""QSGD, 3LC, int8, stochastic ternary, signSGD and EF-SignSGD: shared requirements, then each one's decisions.
 
 Shared requirements (every compressor here): jit-able, any float dtype and
 shape (scalars, size 0, sizes off the packing group), zeros in -> zeros out,

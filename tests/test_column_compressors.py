@@ -1,9 +1,12 @@
-"""1-bit SGD, threshold and adaptive quantization, top-k, PowerSGD and local steps.
+"""The column-view compressors: 1-bit SGD, threshold and adaptive quantization, top-k.
 
-Shared requirements (issue 3) for every compressor here: the same numbers under
-vmap, pmap, shard_map and shard_map+vmap; error-feedback conservation; any float
-dtype and shape; zeros stay zeros; the shared non-finite policy. Then each
-compressor's own decisions (see its module docstring).
+Each works on a tensor's matrix view (jaxcomp.compressors._select). First the
+shared requirements, for these and for PowerSGD and local steps (whose own
+decisions are tested in tests/test_powersgd.py and tests/test_local_steps.py):
+the same numbers under vmap, pmap, shard_map and shard_map+vmap;
+error-feedback conservation; any float dtype and shape; zeros stay zeros; the
+shared non-finite policy. Then each compressor's own decisions (see its module
+docstring).
 """
 
 import functools
@@ -22,19 +25,14 @@ from jaxcomp.compressors import _select
 from jaxcomp.codecs import sparse
 from jaxcomp.compressors.adaptive import Adaptive
 from jaxcomp.compressors.onebit import OneBit
-from jaxcomp.compressors.powersgd import PowerSGD, orthogonalize
 from jaxcomp.compressors.threshold import Threshold
 from jaxcomp.compressors.topk import TopK
 
 from _layouts import init_state, make_runners
+from _layouts import vmap_update as _vmap_update
 
 N = 8
 KEY = jax.random.PRNGKey(0)
-
-
-def _vmap_update(tx, grads, state):
-  axes = parallel.worker_axes(state)
-  return jax.jit(jax.vmap(tx.update, in_axes=(0, axes), out_axes=(None, axes), axis_name="w"))(grads, state)
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -482,167 +480,3 @@ def test_adaptive_sampled_thresholds_overflow_counted():
   assert 0.5 < np.mean(sent) / (4 * R / 16) < 1.5
   assert max(over) > 0  # sampling error does overflow the fixed slots sometimes
   assert all(s <= 4 * comp.slots(R) for s in sent)
-
-
-# -- PowerSGD -----------------------------------------------------------------------
-
-
-def test_orthogonalize():
-  p = jax.random.normal(KEY, (20, 3))
-  q = orthogonalize(p)
-  np.testing.assert_allclose(q.T @ q, np.eye(3), atol=1e-5)
-  z = orthogonalize(jnp.zeros((5, 2)))
-  np.testing.assert_array_equal(z, 0.0)
-
-
-def test_powersgd_algorithm1_across_workers():
-  """P = mean(M_w) Q, orthogonalized; Q = mean(M_w)^T P; every worker decodes P Q^T; Q is kept."""
-  W, n, m, r = 3, 12, 7, 2
-  comp = PowerSGD(rank=r)
-  ms = jax.random.normal(KEY, (W, n, m))
-  q0 = comp.init_state((n, m), jax.random.PRNGKey(5))
-
-  wire = []
-
-  def worker(x):
-    ex = comp.exchange(x, KEY, "w", q0)
-    wire.append(ex.wire_bytes)
-    return ex.mean, ex.own, ex.state, ex.payload
-
-  mean, own, state, payload = jax.vmap(worker, axis_name="w", out_axes=(None, None, None, 0))(ms)
-  mbar = np.asarray(ms.mean(0))
-  p = np.asarray(orthogonalize(jnp.asarray(mbar @ np.asarray(q0))))
-  q = mbar.T @ p
-  np.testing.assert_allclose(mean, p @ q.T, atol=1e-5)
-  np.testing.assert_array_equal(own, mean)  # error feedback against the aggregate
-  np.testing.assert_allclose(state, q, atol=1e-5)
-  assert wire == [4 * r * (n + m)]
-  assert payload.p.shape == (W, n, r) and payload.q.shape == (W, m, r)
-  np.testing.assert_allclose(payload.p[1], np.asarray(ms[1]) @ np.asarray(q0), atol=1e-5)  # local, before the mean
-
-
-def test_powersgd_warm_start_converges_to_best_rank_r():
-  """Warm start = one power iteration per step: on a fixed matrix the approximation approaches the SVD's."""
-  n, m, r = 30, 20, 2
-  u, _ = jnp.linalg.qr(jax.random.normal(KEY, (n, n)))
-  v, _ = jnp.linalg.qr(jax.random.normal(jax.random.PRNGKey(1), (m, m)))
-  s = jnp.array([10.0, 5.0] + [0.5] * 18)
-  mat = (u[:, :m] * s) @ v.T
-  best = (u[:, :r] * s[:r]) @ v[:, :r].T
-  comp = PowerSGD(rank=r)
-  q = comp.init_state((n, m), KEY)
-  for _ in range(15):
-    ex = comp.exchange(mat, KEY, None, q)
-    q = ex.state
-  np.testing.assert_allclose(ex.mean, best, atol=1e-3)
-
-
-def test_powersgd_vectors_uncompressed_and_zero_input():
-  comp = PowerSGD(rank=2)
-  assert comp.matrix((7,)) == (7, 1, 0) and comp.init_state((7,), KEY) is None
-  assert comp.matrix((4, 3)) == (4, 3, 0)  # 2 * (4 + 3) >= 12: would not shrink
-  assert comp.matrix((3, 3, 2, 4)) == (18, 4, 2)  # HWIO -> (H*W*I, O)
-  tx = jaxcomp.powersgd(rank=2, axis_name="w")
-  params = {"b": jnp.zeros(6), "w": jnp.zeros((10, 8))}
-  state = parallel.replicate_workers(tx.init(params), 2)
-  g = {"b": jax.random.normal(KEY, (2, 6)), "w": jnp.zeros((2, 10, 8))}
-  upd, st = _vmap_update(tx, g, state)
-  np.testing.assert_allclose(upd["b"], g["b"].mean(0), rtol=1e-6)  # float pmean, exact
-  np.testing.assert_array_equal(st.local.residual["b"], 0.0)
-  np.testing.assert_array_equal(upd["w"], 0.0)  # zeros in, zeros out, no NaN
-  # The all-zero step did not freeze the warm start: Q is still the initial Gaussian.
-  np.testing.assert_array_equal(st.inner["w"], state.inner["w"])
-  g2 = {"b": g["b"], "w": jax.random.normal(KEY, (2, 10, 8))}
-  upd2, _ = _vmap_update(tx, g2, st)
-  assert float(jnp.max(jnp.abs(upd2["w"]))) > 0
-  m = jaxcomp.metrics(st)
-  assert float(m["bytes_on_wire"]) == 4 * 6 + 4 * 2 * (10 + 8) + 2
-
-
-def test_powersgd_without_warm_start_draws_shared_fresh_q():
-  tx = jaxcomp.powersgd(rank=1, warm_start=False, axis_name="w")
-  params = {"w": jnp.zeros((10, 8))}
-  state = parallel.replicate_workers(tx.init(params), 2)
-  g = {"w": jax.random.normal(KEY, (2, 10, 8))}
-  upd1, st = _vmap_update(tx, g, state)
-  upd2, _ = _vmap_update(tx, g, st)
-  assert not np.allclose(upd1["w"], upd2["w"])  # a different Q each step (residual aside)
-
-
-# -- local steps ---------------------------------------------------------------------
-
-
-def test_local_steps_matches_multisteps_single_worker():
-  """One worker, float exchange: the same trajectory as optax.MultiSteps (mean of k gradients)."""
-  opt = optax.sgd(0.1, momentum=0.9)
-  ours = jaxcomp.local_steps(opt, k=3)
-  ref = optax.MultiSteps(opt, every_k_schedule=3, use_grad_mean=True)
-  params = {"w": jnp.ones((5, 4)), "b": jnp.zeros(4)}
-  s1, s2 = ours.init(params), ref.init(params)
-  u1f, u2f = jax.jit(ours.update), jax.jit(ref.update)
-  for t in range(7):
-    g = jax.tree.map(lambda p: jax.random.normal(jax.random.PRNGKey(t), p.shape), params)
-    u1, s1 = u1f(g, s1, params)
-    u2, s2 = u2f(g, s2, params)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), u1, u2)
-    if t % 3 != 2:
-      assert all(float(jnp.max(jnp.abs(u))) == 0 for u in jax.tree.leaves(u1))
-
-
-def test_local_steps_optimizer_and_wire_only_on_exchange_steps():
-  W, k = 4, 2
-  tx = jaxcomp.make_optimizer("local_steps", optax.sgd(1.0, momentum=0.9), k=k, axis_name="w")
-  params = {"w": jnp.zeros((6, 4))}
-  state = parallel.replicate_workers(tx.init(params), W)
-  step = jax.jit(lambda g, s: _vmap_update(tx, g, s))
-  wire = []
-  prev_trace = state.inner[0].trace
-  for t in range(5):
-    g = {"w": jax.random.normal(jax.random.PRNGKey(t), (W, 6, 4))}
-    upd, state = step(g, state)
-    m = jaxcomp.metrics(state)
-    wire.append(float(m["bytes_on_wire"]))
-    assert float(m["float32_bytes"]) == 4 * 24  # the reference size, every step
-    if t % k == 0:  # no exchange: zero update, momentum untouched
-      np.testing.assert_array_equal(upd["w"], 0.0)
-      np.testing.assert_array_equal(state.inner[0].trace["w"], prev_trace["w"])
-    else:
-      assert float(jnp.max(jnp.abs(upd["w"]))) > 0
-    prev_trace = state.inner[0].trace
-  assert wire == [0.0, 4 * 24, 0.0, 4 * 24, 0.0]
-  # The open window (step 4) is in the worker's accumulator.
-  np.testing.assert_allclose(state.local.residual["w"], jax.random.normal(jax.random.PRNGKey(4), (W, 6, 4)), atol=1e-6)
-
-
-def test_local_steps_accounting_float_exchange():
-  """k * sum of updates (sgd, lr 1) + mean_w(accumulator) == mean_w(sum of gradients)."""
-  W, k, T = 3, 3, 7
-  tx = jaxcomp.local_steps(optax.sgd(1.0), k=k, axis_name="w")
-  state = parallel.replicate_workers(tx.init(jnp.zeros(5)), W)
-  step = jax.jit(lambda g, s: _vmap_update(tx, g, s))
-  total_in, total_upd = jnp.zeros((W, 5)), jnp.zeros(5)
-  for t in range(T):
-    g = jax.random.normal(jax.random.PRNGKey(t), (W, 5))
-    upd, state = step(g, state)
-    total_in += g
-    total_upd += upd
-  acc = state.local.residual
-  assert float(jnp.max(jnp.abs(acc))) > 0  # T is not a multiple of k: an open window
-  np.testing.assert_allclose(-k * total_upd + acc.mean(0), total_in.mean(0), atol=1e-5)
-
-
-def test_local_steps_k1_is_a_chain_and_bad_arguments():
-  opt = optax.sgd(0.1, momentum=0.9)
-  a = jaxcomp.local_steps(opt, k=1, exchange="topk", fraction=0.5, sample=None)
-  b = optax.chain(jaxcomp.topk(0.5, sample=None), opt)
-  params = jnp.zeros(10)
-  sa, sb = a.init(params), b.init(params)
-  for t in range(3):
-    g = jax.random.normal(jax.random.PRNGKey(t), (10,))
-    ua, sa = a.update(g, sa, params)
-    ub, sb = b.update(g, sb, params)
-    np.testing.assert_allclose(ua, ub, atol=1e-7)
-  with pytest.raises(ValueError, match="k must"):
-    jaxcomp.local_steps(opt, k=0)
-  with pytest.raises(TypeError, match="compressor"):
-    jaxcomp.local_steps(opt, k=2, fraction=0.1)
