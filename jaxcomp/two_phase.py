@@ -1,6 +1,6 @@
 """Two-phase compressed all-reduce: reduce-scatter of compressed chunks, then all-gather.
 
-The default exchange (:func:`jaxcomp.parallel.exchange_with_metrics`) hands
+The default exchange (:func:`jaxcomp.parallel.exchange`) hands
 every worker's whole payload of ``P`` bytes to ``lax.all_gather``, so each
 worker receives ``(N − 1)·P`` bytes, a figure that grows with the number of
 workers ``N``; a float ring all-reduce receives ``2(N − 1)/N·4n``. The
@@ -90,6 +90,7 @@ from jax import lax
 from jaxcomp import core
 from jaxcomp import parallel
 from jaxcomp.codecs import base243
+from jaxcomp.count import Count
 
 Exchange = Literal["all_gather", "two_phase", "auto"]
 EXCHANGES = ("all_gather", "two_phase", "auto")
@@ -283,7 +284,7 @@ def all_to_all(tree: Any, axis_name: parallel.AxisName) -> Any:
   leading axis is split into one axis per name and each is exchanged over its
   own name (``out[a][m] = in[m][a]`` coordinate by coordinate).
   """
-  names = parallel._names(axis_name)  # pylint: disable=protected-access
+  names = parallel.axis_names(axis_name)
   if not names:
     return tree
   sizes = tuple(lax.axis_size(n) for n in names)
@@ -320,11 +321,12 @@ class TwoPhaseResult(NamedTuple):
       asked): error feedback's ``x − own`` is the phase-1 residual.
     payload: this worker's phase-1 payload, ``N`` chunk payloads stacked.
     wire_bytes: bytes this worker handed to collectives (all ``N`` chunk
-      payloads, the shard payload, the per-chunk agreed scalars): an int, or
-      an int32 scalar when a fallback round may run (3LC's zero-run wire).
-    received_bytes: bytes that arrived from the other workers (int or int32 scalar).
+      payloads, the shard payload, the per-chunk agreed scalars), a
+      :class:`~jaxcomp.count.Count` (traced when a fallback round may run:
+      3LC's zero-run wire).
+    received_bytes: bytes that arrived from the other workers (a Count).
     encoded_bytes: like ``wire_bytes`` with the exact size of a variable-length
-      encoding where the compressor has one (an int32 scalar).
+      encoding where the compressor has one (a uint32 scalar).
     shard_residual: the new full-size phase-2 residual (``None`` if none was given).
     metrics: the encoders' counters, summed over the chunks and the shard.
   """
@@ -351,7 +353,7 @@ def _decode_all(compressor: core.Compressor, payloads: core.Payload, chunk: int)
 
 def _encoded(compressor: core.Compressor, payload: core.Payload, chunk: int, static: int) -> jax.Array:
   size = compressor.encoded_bytes(payload, (chunk,))
-  return jnp.int32(static) if size is None else jnp.asarray(size, jnp.int32)
+  return jnp.uint32(static) if size is None else jnp.asarray(size, jnp.uint32)
 
 
 def _add(metrics: dict, more: dict) -> dict:
@@ -385,7 +387,7 @@ def _phase1_encode(compressor, chunks, key, axis_name, need_own):
   payload = lax.optimization_barrier(payload)  # the wire: materialized once (see parallel.exchange)
   metrics = _add(metrics, jax.vmap(lambda p: compressor.extra_metrics(p, (c,)))(payload))
   p1 = core.tree_nbytes(payload) // workers
-  encoded = jnp.sum(jax.vmap(lambda p: _encoded(compressor, p, c, p1))(payload)) + agreement
+  encoded = jnp.sum(jax.vmap(lambda p: _encoded(compressor, p, c, p1))(payload), dtype=jnp.uint32) + agreement
   plain = _plain(compressor)
   own = None
   if need_own:
@@ -393,8 +395,8 @@ def _phase1_encode(compressor, chunks, key, axis_name, need_own):
     # encoding quantizes the same way and always decodes.
     source = payload if plain is None else jax.vmap(plain.encode)(chunks, keys, agreed)
     own = _decode_all(plain or compressor, source, c)
-  sent = _Sent(payload, own, workers * p1 + agreement,
-               (workers - 1) * p1 + allreduce_received(agreement, workers), encoded, metrics)
+  sent = _Sent(payload, own, Count(workers * p1 + agreement),
+               Count((workers - 1) * p1 + allreduce_received(agreement, workers)), encoded, metrics)
   return sent, (keys, agreed)
 
 
@@ -415,7 +417,7 @@ def _phase1_reduce(compressor, sent, chunks, keys_agreed, axis_name):
 
   shard = lax.cond(overflow, from_plain, lambda: reduce_chunks(compressor, received, c))
   p_plain = core.tree_nbytes(jax.eval_shape(plain.encode, chunks[0], keys_agreed[0][0], None))
-  extra = overflow.astype(jnp.int32)
+  extra = overflow.astype(jnp.uint32)
   sent = sent._replace(
       handed=sent.handed + 1 + extra * (workers * p_plain),
       received=sent.received + allreduce_received(1, workers) + extra * ((workers - 1) * p_plain),
@@ -442,15 +444,15 @@ def _phase2(compressor, shard, shard_residual, lay, key, axis_name):
   if plain is None:
     mean = _decode_all(compressor, gathered, c)
     sent_here = compressor.decode(payload, (c,)) if shard_residual is not None else None
-    handed, received = p2, (workers - 1) * p2
+    handed, received = Count(p2), Count((workers - 1) * p2)
   else:
     plain_payload = plain.encode(y, key, agreed)
     fits = jnp.all(compressor.fits(gathered))  # the same on every worker: all lengths were gathered
     mean = lax.cond(fits, lambda: _decode_all(compressor, gathered, c),
                     lambda: _decode_all(plain, parallel.all_gather(plain_payload, axis_name), c))
     sent_here = plain.decode(plain_payload, (c,))
-    extra = (~fits).astype(jnp.int32) * core.tree_nbytes(plain_payload)
-    handed, received = p2 + extra, (workers - 1) * (p2 + extra)
+    extra = (~fits).astype(jnp.uint32) * core.tree_nbytes(plain_payload)
+    handed, received = Count(p2) + extra, Count((workers - 1) * p2) + extra * (workers - 1)
     metrics = _add(metrics, {"zero_run_fallback_rounds": ~fits})
   new_residual = None
   if shard_residual is not None:
@@ -521,3 +523,30 @@ def two_phase_exchange(
       shard_residual=new_residual,
       metrics=_add(first.metrics, second.metrics),
   )
+
+
+def _times(count: Count, k: int) -> Count:
+  """``k · count``, exact, for a traced count whose parts fit 32 bits and ``0 <= k < 2**16``."""
+  if count.is_static:
+    return Count(k * count.static)
+  lo_low, lo_high = count.lo & 0xFFFF, count.lo >> 16
+  high = lo_high * jnp.uint32(k)  # < 2**32: no wrap
+  out = Count(k * count.static) + Count(hi=count.hi * jnp.uint32(k) + (high >> 16), lo=(high & 0xFFFF) << 16)
+  return out + Count(hi=jnp.zeros_like(count.hi), lo=lo_low * jnp.uint32(k))
+
+
+def all_gather_received(compressor: core.Compressor, n: int, workers: int, wire: Any) -> Count:
+  """Bytes one worker receives when a tensor of ``n`` values takes the all-gather (or the compressor's own exchange).
+
+  The default exchange: ``(N − 1)·P`` plus a ring's share of the agreement
+  all-reduce (:func:`all_gather_bytes`). A compressor with its own exchange
+  says so with a ``received_bytes(wire_bytes, workers)`` hook (PowerSGD: its
+  all-reduces); without one, every byte it hands goes to an all-gather (3LC's
+  zero-run rounds): ``(N − 1)·wire_bytes``.
+  """
+  if not compressor.custom_exchange:
+    return Count(all_gather_bytes(compressor, n, workers).received)
+  hook = getattr(compressor, "received_bytes", None)
+  if hook is not None:
+    return Count.of(hook(wire, workers))
+  return _times(Count.of(wire), workers - 1)

@@ -9,9 +9,12 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
+from jax._src.interpreters import partial_eval as pe  # dead-code elimination of a jaxpr (test_bytes_per_worker_target)
 from jax.sharding import PartitionSpec as P
 
+import jaxcomp
 from jaxcomp import parallel
 from jaxcomp import two_phase as tp
 from jaxcomp.compressors.int8 import Int8
@@ -21,6 +24,8 @@ from jaxcomp.compressors.signsgd import SignSGD
 from jaxcomp.compressors.stochastic_ternary import StochasticTernary
 from jaxcomp.compressors.terngrad import TernGrad
 from jaxcomp.compressors.threelc import ThreeLC
+
+from _layouts import run_layouts
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -269,3 +274,156 @@ def test_threelc_zero_run_wire_in_both_phases():
       # Both plain rounds on top: N chunk payloads and one shard payload handed, 2(N - 1) received.
       np.testing.assert_array_equal(got[3], static.handed + (n_workers + 1) * plain_bytes)
       np.testing.assert_array_equal(got[4], static.received + 2 * (n_workers - 1) * plain_bytes)
+
+
+# -- the exchange= option of every compressor transform -------------------------------------
+
+FACTORIES = {"terngrad": jaxcomp.terngrad, "qsgd": jaxcomp.qsgd, "threelc": jaxcomp.threelc}
+
+
+def _vmapped(tx, n_workers):
+  def step(grads, state):
+    axes = parallel.worker_axes(state)
+    return jax.vmap(tx.update, in_axes=(0, axes), out_axes=(None, axes), axis_name="w")(grads, state)
+  return step
+
+
+BYTES = ("bytes_on_wire", "received_bytes", "two_phase_tensors")
+
+
+def _abstract_metrics(tx, n, n_workers, keys=BYTES):
+  """``keys`` of jaxcomp.metrics after one real traced update of N workers (vmap), evaluated without running it.
+
+  The update is traced on abstract gradients (nothing is allocated); dead-code
+  elimination keeps only what these metrics depend on, which must be constants
+  of the trace (it fails if one needed the data), and evaluates that.
+  """
+  grads = jax.ShapeDtypeStruct((n_workers, n), jnp.float32)
+  state = jax.eval_shape(lambda: parallel.replicate_workers(tx.init(jnp.zeros((n,))), n_workers))
+  step = _vmapped(tx, n_workers)
+
+  def metrics(g, s):
+    m = jaxcomp.metrics(step(g, s)[1])
+    return {k: m[k] for k in keys if k in m}
+
+  closed, shapes = jax.make_jaxpr(metrics, return_shape=True)(grads, state)
+  jaxpr, used = pe.dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars))
+  assert not any(used), "a metric depends on the gradients"
+  values = jax.core.eval_jaxpr(jaxpr, closed.consts)
+  return jax.tree.unflatten(jax.tree.structure(shapes), values)
+
+
+def test_exchange_option_is_checked():
+  with pytest.raises(ValueError, match="PowerSGD runs its own exchange"):
+    jaxcomp.powersgd(rank=2, exchange="two_phase")
+  jaxcomp.powersgd(rank=2, exchange="auto")  # keeps its own exchange
+  with pytest.raises(ValueError, match="exchange must be one of"):
+    jaxcomp.terngrad(exchange="ring")
+
+
+@pytest.mark.parametrize("name", sorted(FACTORIES))
+def test_bytes_per_worker_target(name):
+  """4M values, N = 4, 8, 64: received bytes per worker <= 1.1 x 2(N-1)/N·P, P the all-gather's bytes_on_wire."""
+  n = 4 << 20
+  for n_workers in (4, 8, 64):
+    m = {ex: _abstract_metrics(FACTORIES[name](axis_name="w", exchange=ex), n, n_workers)
+         for ex in ("all_gather", "two_phase", "auto")}
+    p = float(m["all_gather"]["bytes_on_wire"])
+    bound = 1.1 * 2 * (n_workers - 1) / n_workers * p
+    assert float(m["all_gather"]["received_bytes"]) == pytest.approx((n_workers - 1) * p, rel=1e-5)
+    assert float(m["two_phase"]["received_bytes"]) <= bound, (n_workers, float(m["two_phase"]["received_bytes"]), bound)
+    assert float(m["two_phase"]["bytes_on_wire"]) <= bound  # bytes handed to collectives, too
+    assert float(m["two_phase"]["two_phase_tensors"]) == 1
+    assert float(m["auto"]["two_phase_tensors"]) == 1
+    assert float(m["auto"]["received_bytes"]) == float(m["two_phase"]["received_bytes"])
+    # The metrics are those of jaxcomp.two_phase's static sizes.
+    comp = {"terngrad": TernGrad(), "qsgd": QSGD(), "threelc": ThreeLC()}[name]
+    flag = tp.allreduce_received(1, n_workers)  # the non-finite flag's pmax
+    assert float(m["two_phase"]["received_bytes"]) == tp.two_phase_bytes(comp, n, n_workers).received + flag
+
+
+def _grads(n_workers, step):
+  k1, k2, k3 = jax.random.split(jax.random.PRNGKey(100 + step), 3)
+  return {"fc": jax.random.normal(k1, (n_workers, 37, 11)),
+          "conv": jax.random.normal(k2, (n_workers, 3, 3, 8, 8)),
+          "bias": jax.random.normal(k3, (n_workers, 11)) * 0.1}  # too small to split: the all-gather
+
+
+def test_transform_same_numbers_in_every_layout():
+  """exchange="auto" through jaxcomp.compress: vmap, pmap, shard_map and shard_map+vmap agree.
+
+  3LC with its zero-run wire: both residuals in the state, the plain rounds'
+  conditional collectives (dense gradients overflow the buffers).
+  """
+  n_workers = 8
+  make_tx = lambda axis: jaxcomp.threelc(axis_name=axis, exchange="auto", capacity=0.5, tensor_metrics="fc|bias")
+  params = jax.tree.map(lambda g: g[0], _grads(n_workers, 0))
+  results = run_layouts(make_tx, params, lambda t: _grads(n_workers, t), n_workers)
+  ref_outs, ref_metrics, _ = results["vmap"]
+  for layout, (outs, m, _) in results.items():
+    for a, b in zip(ref_outs, outs):
+      jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-6, rtol=0, err_msg=layout), a, b)
+    for k in ref_metrics:
+      assert float(ref_metrics[k]) == float(m[k]), (layout, k)
+  assert float(ref_metrics["two_phase_tensors"]) == 2  # fc and conv; the bias stays on the all-gather
+  assert float(ref_metrics["two_phase:fc"]) == 1 and float(ref_metrics["two_phase:bias"]) == 0
+
+
+def test_transform_matches_the_function():
+  """The transform's update is two_phase_exchange's mean, with the transform's keys."""
+  n_workers, tx = 4, jaxcomp.terngrad(axis_name="w", exchange="two_phase", seed=3)
+  g = jax.random.normal(jax.random.PRNGKey(0), (n_workers, 1000))
+  state = parallel.replicate_workers(tx.init(jnp.zeros(1000)), n_workers)
+  upd, new_state = jax.jit(_vmapped(tx, n_workers))(g, state)
+  step_key = jax.random.split(state.key)[1]
+  want = jax.jit(jax.vmap(lambda x, w: tp.two_phase_exchange(
+      TernGrad(), x, jaxcomp.rng.leaf_key(step_key, 0, w), "w").mean, out_axes=None, axis_name="w"))(
+          g, jnp.arange(n_workers))
+  np.testing.assert_array_equal(upd, want)
+  m = jaxcomp.metrics(new_state)
+  b = tp.two_phase_bytes(TernGrad(), 1000, n_workers)
+  assert int(m["bytes_on_wire"]) == b.handed + 1  # + the non-finite flag
+  assert int(m["received_bytes"]) == b.received + tp.allreduce_received(1, n_workers)
+  assert int(m["two_phase_tensors"]) == 1
+
+
+def test_transform_conservation_with_both_residuals():
+  """3LC: mean_w(sum of gradients) == sum of updates + mean_w(residual) + sum_w(shard residual)."""
+  n_workers, n = 4, 777
+  tx = jaxcomp.threelc(axis_name="w", exchange="two_phase")
+  state = parallel.replicate_workers(tx.init(jnp.zeros(n)), n_workers)
+  step = jax.jit(_vmapped(tx, n_workers))
+  total_in, total_out = jnp.zeros(n), jnp.zeros(n)
+  for t in range(15):
+    g = jax.random.normal(jax.random.PRNGKey(t), (n_workers, n))
+    upd, state = step(g, state)
+    total_in += g.mean(0)
+    total_out += upd
+  r1, r2 = state.local.residual, state.shard.residual
+  np.testing.assert_allclose(total_in, total_out + r1.mean(0) + r2.sum(0), atol=2e-5, rtol=0)
+  assert float(jnp.abs(r2).max()) > 0.01
+
+
+def test_local_steps_takes_a_two_phase_transform():
+  """local_steps' `exchange` names a compressor or takes a transform: a two-phase one works, the bare word is refused."""
+  with pytest.raises(ValueError, match="exchange=jaxcomp.terngrad"):
+    jaxcomp.local_steps(optax.sgd(0.1), k=2, axis_name="w", exchange="two_phase")
+  n_workers = 4
+  tx = jaxcomp.local_steps(optax.sgd(1.0), k=2, axis_name="w",
+                           exchange=jaxcomp.terngrad(axis_name="w", exchange="two_phase"))
+  state = parallel.replicate_workers(tx.init(jnp.zeros(1000)), n_workers)
+  step = jax.jit(_vmapped(tx, n_workers))
+  g = jax.random.normal(jax.random.PRNGKey(0), (2, n_workers, 1000))
+  upd0, state = step(g[0], state)
+  upd1, state = step(g[1], state)
+  np.testing.assert_array_equal(upd0, 0.0)
+  assert float(jnp.abs(upd1).max()) > 0
+  assert int(jaxcomp.metrics(state)["two_phase_tensors"]) == 1
+
+
+def test_powersgd_keeps_its_all_reduces():
+  """PowerSGD with "auto": its own exchange, whose bytes received are a ring all-reduce's."""
+  tx = jaxcomp.powersgd(rank=2, axis_name="w", exchange="auto", nonfinite="zero")
+  m = _abstract_metrics(tx, 64 * 32, 8)
+  assert "two_phase_tensors" in m and float(m["two_phase_tensors"]) == 0
+  assert float(m["received_bytes"]) == tp.allreduce_received(int(m["bytes_on_wire"]), 8)

@@ -92,7 +92,7 @@ class SignSGD(core.Compressor):
   def reduce_chunks(self, received, shape):
     n = core.size_of(shape)
     votes = jax.vmap(lambda p: self._votes(p, n))(received)
-    return parallel.sum_leading(votes).astype(jnp.float32).reshape(shape)
+    return core.sum_leading(votes).astype(jnp.float32).reshape(shape)
 
   shard_compressor = two_phase.Ternary()
 
