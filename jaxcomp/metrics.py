@@ -31,7 +31,8 @@ def metrics(opt_state: Any) -> dict[str, Union[Count, jax.Array]]:
   * ``encoded_bytes``: like ``bytes_on_wire`` but with the exact size of
     variable-length encodings (zero-run, Elias) where a compressor has one.
   * ``nonfinite_tensors``: tensors that held NaN/Inf in the last update.
-  * ``received_bytes``: bytes that arrive at this worker from the others:
+  * ``received_bytes`` (transforms with ``exchange="two_phase"`` or
+    ``"auto"``): bytes that arrive at this worker from the others:
     exact for all-gathers and all-to-alls (``(N − 1)·P`` for the default
     exchange of ``P``-byte payloads), and for all-reduces (tensors sent in
     float, agreed scalars, PowerSGD's factors) a bandwidth-optimal ring's

@@ -62,7 +62,6 @@ STANDARD_METRICS = (
     "compressed_float32_bytes",
     "float_bytes",
     "encoded_bytes",
-    "received_bytes",
     "nonfinite_tensors",
 )
 
@@ -141,7 +140,7 @@ def _check_float(leaf: Any) -> None:
 
 def _metric_keys(compressor: Optional[core.Compressor], exchange: str = "all_gather") -> tuple[str, ...]:
   extra = tuple(compressor.metric_keys) if compressor is not None else ()
-  routed = ("two_phase_tensors",) if compressor is not None and exchange != "all_gather" else ()
+  routed = ("received_bytes", "two_phase_tensors") if compressor is not None and exchange != "all_gather" else ()
   return STANDARD_METRICS + routed + extra
 
 
@@ -299,9 +298,10 @@ def compress(
       reduce-scatter, re-encoding and all-gather (:mod:`jaxcomp.two_phase`;
       each receives ``≈ 2(N − 1)/N·P``); tensors too small to split over the
       axis stay on the all-gather. ``"auto"``: per tensor, the one that
-      receives fewer bytes for the axis size, decided at trace time. The
-      metric ``two_phase_tensors`` counts the tensors that took the two-phase
-      exchange. With error feedback, the two-phase exchange keeps a second,
+      receives fewer bytes for the axis size, decided at trace time. With
+      either, the metric ``two_phase_tensors`` counts the tensors that took
+      the two-phase exchange and ``received_bytes`` the bytes that reached
+      this worker (see :func:`jaxcomp.metrics`). With error feedback, the two-phase exchange keeps a second,
       full-size residual per tensor for the shard the worker re-encodes (in
       the state's ``shard``; allocated for ``"two_phase"`` and ``"auto"``).
       Compressors with their own exchange (PowerSGD) refuse ``"two_phase"``
@@ -368,7 +368,8 @@ def compress(
       mean = jnp.where(anywhere, jnp.full_like(ex.mean, jnp.nan), ex.mean) if nonfinite == "propagate" else ex.mean
       residual = carry_residual(x, ex.own, residual, bad) if use_ef else residual
       counts = count_tensor(compressor, ex, g, bad, tracked_path)
-      counts["received_bytes"] = two_phase.all_gather_received(compressor, x.size, workers, ex.wire_bytes)
+      if routed:
+        counts["received_bytes"] = two_phase.all_gather_received(compressor, x.size, workers, ex.wire_bytes)
       result = _TensorResult(mean.astype(g.dtype), residual, _or_masked(ex.state), shard, counts)
     if routed and tracked_path is not None:
       counts = dict(result.counts)
@@ -378,8 +379,9 @@ def compress(
 
   def float_tensor(g, residual, inner, shard) -> _TensorResult:
     nbytes = core.size_of(g.shape) * g.dtype.itemsize
-    received = two_phase.allreduce_received(nbytes, parallel.axis_size(axis_name))
-    counts = {"float_bytes": nbytes, "encoded_bytes": nbytes, "received_bytes": received}
+    counts = {"float_bytes": nbytes, "encoded_bytes": nbytes}
+    if routed:
+      counts["received_bytes"] = two_phase.allreduce_received(nbytes, parallel.axis_size(axis_name))
     return _TensorResult(send_float(g, axis_name), residual, inner, shard, counts)
 
   def update_fn(updates, state, params=None, **extra_args):
@@ -408,16 +410,15 @@ def compress(
         results.append(compress_tensor(g, xs[i], bad[i], anywhere[i], r, inner, shard, key, p.tracked.get(i)))
     # 4. Count.
     metrics = count_all(keys, results, p, flag_bytes)
-    metrics["received_bytes"] += two_phase.allreduce_received(flag_bytes, parallel.axis_size(axis_name))
-    # Counts that depend on the axis size (bytes received; with a routed exchange, which route
-    # each tensor took and its bytes) are kept in their traced form: init's abstract trace has
-    # one worker, and the state must keep one structure whatever the axis size.
-    n_dependent = ["received_bytes"]
     if routed:
-      n_dependent += ["bytes_on_wire", "compressed_bytes_on_wire", "encoded_bytes", "two_phase_tensors"]
-      n_dependent += [f"two_phase:{path}" for path in p.tracked.values()]
-    for name in n_dependent:
-      metrics[name] = metrics[name].traced()
+      # With a routed exchange, the counts that depend on the axis size (bytes received, which
+      # route each tensor took, its bytes) are kept in their traced form: init's abstract trace
+      # has one worker, and the state must keep one structure whatever the axis size.
+      metrics["received_bytes"] += two_phase.allreduce_received(flag_bytes, parallel.axis_size(axis_name))
+      n_dependent = ["received_bytes", "bytes_on_wire", "compressed_bytes_on_wire", "encoded_bytes",
+                     "two_phase_tensors"] + [f"two_phase:{path}" for path in p.tracked.values()]
+      for name in n_dependent:
+        metrics[name] = metrics[name].traced()
     new_state = CompressState(
         count=optax.safe_increment(state.count),
         key=next_key,
