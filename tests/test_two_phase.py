@@ -238,6 +238,16 @@ def test_two_processes_match_vmap(tmp_path):
       np.testing.assert_allclose(outs[i][f"{name}_mean"], mean, atol=1e-6, rtol=0)
       np.testing.assert_allclose(outs[i][f"{name}_own"], own[i], atol=1e-6, rtol=0)
       np.testing.assert_allclose(outs[i][f"{name}_res"], res[i], atol=1e-6, rtol=0)
+  # The transform, jaxcomp.threelc(exchange="two_phase"), over its steps.
+  tx = case.transform("w")
+  state = parallel.replicate_workers(tx.init(jax.tree.map(lambda a: a[0], case.transform_grads(n_proc, 0))), n_proc)
+  step = jax.jit(_vmapped(tx, n_proc))
+  for t in range(case.TRANSFORM_STEPS):
+    upd, state = step(case.transform_grads(n_proc, t), state)
+    for i in range(n_proc):
+      np.testing.assert_allclose(outs[i][f"tx_update{t}"], upd["w"], atol=1e-6, rtol=0)
+  for i in range(n_proc):
+    np.testing.assert_allclose(outs[i]["tx_shard_residual"], state.shard.residual["w"][i], atol=1e-6, rtol=0)
 
 
 def test_threelc_zero_run_wire_in_both_phases():

@@ -22,3 +22,17 @@ def worker(comp, axis):
     out = tp.two_phase_exchange(comp, x, k, axis, res, need_own=True)
     return out.mean, out.own, out.shard_residual
   return f
+
+
+def transform(axis):
+  """A compressor transform with the two-phase exchange; 3LC's error feedback keeps both residuals."""
+  import jaxcomp  # pylint: disable=g-import-not-at-top
+
+  return jaxcomp.threelc(axis_name=axis, exchange="two_phase")
+
+
+def transform_grads(n_workers, step):
+  return {"w": jax.random.normal(jax.random.PRNGKey(10 + step), (n_workers, 37, 11))}
+
+
+TRANSFORM_STEPS = 2

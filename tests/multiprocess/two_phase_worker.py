@@ -44,5 +44,26 @@ for name, comp in case.COMPRESSORS.items():
   outs[f"{name}_mean"] = np.asarray(mean.addressable_data(0))
   outs[f"{name}_own"] = np.asarray(own.addressable_data(0))[0]
   outs[f"{name}_res"] = np.asarray(res.addressable_data(0))[0]
+
+# The transform: jaxcomp.threelc(exchange="two_phase") for two steps, as tests/multiprocess/worker.py runs TernGrad.
+from jaxcomp import parallel  # noqa: E402
+
+tx = case.transform("d")
+state = parallel.replicate_workers(tx.init(jax.tree.map(lambda a: a[0], case.transform_grads(nproc, 0))), nproc)
+specs = parallel.worker_specs(state, "d")
+
+
+def per_device_update(g, s):
+  upd, s2 = tx.update(jax.tree.map(lambda a: a[0], g), parallel.worker_slice(s, 0))
+  return upd, parallel.expand_workers(s2)
+
+
+update = jax.jit(jax.shard_map(per_device_update, mesh=mesh, in_specs=(P("d"), specs), out_specs=(P(), specs)))
+state = jax.tree.map(lambda a, sp: jax.make_array_from_callback(a.shape, NamedSharding(mesh, sp), lambda i: a[i]),
+                     state, specs)
+for t in range(case.TRANSFORM_STEPS):
+  upd, state = update(jax.tree.map(lambda a: globalize(np.asarray(a)), case.transform_grads(nproc, t)), state)
+  outs[f"tx_update{t}"] = np.asarray(upd["w"].addressable_data(0))
+outs["tx_shard_residual"] = np.asarray(state.shard.residual["w"].addressable_data(0))[0]
 np.savez(out, **outs)
 jax.distributed.shutdown()
