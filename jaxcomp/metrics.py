@@ -31,6 +31,17 @@ def metrics(opt_state: Any) -> dict[str, Union[Count, jax.Array]]:
   * ``encoded_bytes``: like ``bytes_on_wire`` but with the exact size of
     variable-length encodings (zero-run, Elias) where a compressor has one.
   * ``nonfinite_tensors``: tensors that held NaN/Inf in the last update.
+  * ``received_bytes`` (transforms with ``exchange="two_phase"`` or
+    ``"auto"``): bytes that arrive at this worker from the others:
+    exact for all-gathers and all-to-alls (``(N − 1)·P`` for the default
+    exchange of ``P``-byte payloads), and for all-reduces (tensors sent in
+    float, agreed scalars, PowerSGD's factors) a bandwidth-optimal ring's
+    ``2(N − 1)/N`` of the operand. It grows with the number of workers ``N``
+    for the all-gather, not for the two-phase exchange.
+  * ``two_phase_tensors`` (transforms with ``exchange="two_phase"`` or
+    ``"auto"``): the tensors that took the two-phase exchange
+    (:mod:`jaxcomp.two_phase`); with ``tensor_metrics``, ``two_phase:<path>``
+    per matched tensor.
   * ``compression_ratio``: ``float32_bytes / bytes_on_wire``;
     ``compressed_ratio`` the same over compressed tensors only.
   * compressor-specific counters (e.g. overflow, fallbacks).

@@ -39,12 +39,20 @@ and every bandwidth and latency is an assumption. Everything this module
 returns is a performance-model ESTIMATE, never a measurement. The assumed
 inputs live in ``configs/terngrad_perfmodel.py``.
 
+A second, simpler model compares the exchanges of one tensor on a link of
+bandwidth ``B`` and latency ``α`` (:func:`exchange_costs`): the float ring
+all-reduce, the compressed all-gather and the compressed two-phase exchange
+(:mod:`jaxcomp.two_phase`), with the bytes each worker receives taken from
+the compressors' real payloads.
+
 References:
   Wen et al., *TernGrad*, NeurIPS 2017, Appendix B (``papers/terngrad.md``).
   Yan, Ruwase, He, Chilimbi, *Performance modeling and scalability
   optimization of distributed deep learning systems*, KDD 2015.
   Simonyan, Zisserman, *Very deep convolutional networks for large-scale
   image recognition*, ICLR 2015, Table 1 (configuration A) and Table 2.
+  Thakur, Rabenseifner, Gropp, *Optimization of Collective Communication
+  Operations in MPICH*, IJHPCA 2005 (ring and pairwise-exchange costs).
 """
 
 from __future__ import annotations
@@ -219,3 +227,81 @@ def model_stats(model: nn.Module, image_size: int = 224) -> dict[str, Any]:
   params = variables["params"]
   return {"params": params, "param_count": sum(core.size_of(p.shape) for p in jax.tree.leaves(params)),
           "forward_flops": float(cost["flops"])}
+
+
+# ---------------------------------------------------------------------------------------------
+# One tensor's exchange on a link of bandwidth B and latency α (the α-β model).
+#
+# Every worker has one full-duplex link of ``B`` bytes/s; a message costs ``α + bytes/B``.
+# Bandwidth-optimal collectives (Thakur, Rabenseifner, Gropp, *Optimization of Collective
+# Communication Operations in MPICH*, IJHPCA 2005, §4-5), per worker, N workers:
+#
+# * float ring all-reduce of ``4n`` bytes: a reduce-scatter and an all-gather ring,
+#   ``2(N−1)`` steps of ``4n/N``: ``2(N−1)/N·4n`` bytes, ``2(N−1)α + 2(N−1)/N·4n/B``;
+# * compressed all-gather of ``P``-byte payloads (ring): ``(N−1)·P`` bytes, ``(N−1)α + (N−1)P/B``;
+# * compressed two-phase (:mod:`jaxcomp.two_phase`): a pairwise all-to-all of ``N − 1``
+#   chunk payloads ``p1``, then a ring all-gather of ``N − 1`` shard payloads ``p2``:
+#   ``(N−1)(p1 + p2)`` bytes, ``2(N−1)α + (N−1)(p1 + p2)/B``.
+#
+# A compressor that agrees on scalars first (TernGrad's Eq. 4) adds a small all-reduce:
+# its bytes (a ring's) and ``2(N−1)α``. Bytes are those one worker receives (= sends);
+# encoding and decoding time is not modelled. Everything here is a model ESTIMATE.
+
+
+@dataclasses.dataclass(frozen=True)
+class ExchangeCost:
+  """Bytes one worker receives per step for one tensor, and the modelled seconds."""
+
+  bytes: int
+  seconds: float
+
+
+def ring_allreduce_cost(nbytes: int, workers: int, bandwidth: float, latency: float) -> ExchangeCost:
+  """A float ring all-reduce of ``nbytes``: ``2(N−1)/N·nbytes`` in ``2(N−1)`` steps."""
+  from jaxcomp import two_phase  # pylint: disable=g-import-not-at-top
+
+  b = two_phase.allreduce_received(nbytes, workers)
+  steps = 2 * (workers - 1)
+  return ExchangeCost(bytes=b, seconds=steps * latency + b / bandwidth)
+
+
+def _agreement(compressor: core.Compressor, workers: int) -> int:
+  """All-reduce rounds of agreement before encoding (0 or 1)."""
+  x = jax.ShapeDtypeStruct((8,), jnp.float32)
+  return int(workers > 1 and jax.eval_shape(compressor.agree, x) is not None)
+
+
+def all_gather_cost(compressor: core.Compressor, n: int, workers: int, bandwidth: float,
+                    latency: float) -> ExchangeCost:
+  """The compressed all-gather of a tensor of ``n`` values: ``(N−1)·P`` bytes in ``N − 1`` steps."""
+  from jaxcomp import two_phase  # pylint: disable=g-import-not-at-top
+
+  b = two_phase.all_gather_bytes(compressor, n, workers).received
+  steps = (workers - 1) * (1 + 2 * _agreement(compressor, workers))
+  return ExchangeCost(bytes=b, seconds=steps * latency + b / bandwidth)
+
+
+def two_phase_cost(compressor: core.Compressor, n: int, workers: int, bandwidth: float,
+                   latency: float) -> Optional[ExchangeCost]:
+  """The compressed two-phase exchange: ``(N−1)(p1 + p2)`` bytes in ``2(N−1)`` steps (``None``: too small)."""
+  from jaxcomp import two_phase  # pylint: disable=g-import-not-at-top
+
+  tp = two_phase.two_phase_bytes(compressor, n, workers)
+  if tp is None:
+    return None
+  steps = (workers - 1) * (2 + 2 * _agreement(compressor, workers))
+  return ExchangeCost(bytes=tp.received, seconds=steps * latency + tp.received / bandwidth)
+
+
+def exchange_costs(compressor: Optional[core.Compressor], n: int, workers: int, bandwidth: float,
+                   latency: float) -> dict[str, Optional[ExchangeCost]]:
+  """``{"float": ..., "all_gather": ..., "two_phase": ...}`` for one tensor of ``n`` float32 values.
+
+  ``two_phase`` is ``None`` when the tensor is too small to split (or the
+  compressor runs its own exchange); without a compressor only ``float``.
+  """
+  out = {"float": ring_allreduce_cost(4 * n, workers, bandwidth, latency)}
+  if compressor is not None:
+    out["all_gather"] = all_gather_cost(compressor, n, workers, bandwidth, latency)
+    out["two_phase"] = two_phase_cost(compressor, n, workers, bandwidth, latency)
+  return out

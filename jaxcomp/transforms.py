@@ -25,7 +25,10 @@ encode, all_gather, decode: :func:`jaxcomp.parallel.exchange`, or the
 compressor's own :meth:`~jaxcomp.core.Compressor.exchange`), carry the
 residual (:func:`carry_residual`), count (:func:`count_tensor`,
 :func:`count_all`). The exchange is the one step that differs between
-exchange schemes.
+exchange schemes: ``exchange="all_gather"`` (every worker gathers every
+payload), ``"two_phase"`` (a compressed reduce-scatter and all-gather,
+:mod:`jaxcomp.two_phase`) or ``"auto"`` (per tensor, whichever receives fewer
+bytes for the axis size, decided at trace time).
 
 With ``axis_name=None`` the transform quantizes and dequantizes locally (one
 worker); with an axis name it performs the exchange, so the train step needs no
@@ -45,6 +48,7 @@ import optax
 from jaxcomp import core
 from jaxcomp import parallel
 from jaxcomp import rng
+from jaxcomp import two_phase
 from jaxcomp.count import Count
 
 NonFinitePolicy = Literal["propagate", "zero"]
@@ -69,6 +73,9 @@ class CompressState(NamedTuple):
   key: jax.Array  # PRNG key, identical on every worker
   inner: Any  # per-tensor compressor states (Compressor.init_state), identical on every worker
   local: core.WorkerLocal
+  # The two-phase exchange's shard residuals (jaxcomp.two_phase: full-size, params-shaped;
+  # MaskedNode where there is none), or None with exchange="all_gather" or no error feedback.
+  shard: Optional[core.WorkerLocal] = None
 
 
 class _Plan(NamedTuple):
@@ -86,6 +93,7 @@ class _TensorResult(NamedTuple):
   update: jax.Array  # the averaged tensor, in the gradient's dtype
   residual: Any  # the new error-feedback residual (or the old one, or MaskedNode)
   inner: Any  # the new per-tensor compressor state (or MaskedNode)
+  shard: Any  # the new two-phase shard residual (or the old one, or MaskedNode)
   counts: dict[str, Any]  # metric name -> int, int32 array or Count, summed over tensors
 
 
@@ -130,9 +138,10 @@ def _check_float(leaf: Any) -> None:
     raise TypeError(f"jaxcomp compresses floating-point gradients; got a {dtype} leaf.")
 
 
-def _metric_keys(compressor: Optional[core.Compressor]) -> tuple[str, ...]:
+def _metric_keys(compressor: Optional[core.Compressor], exchange: str = "all_gather") -> tuple[str, ...]:
   extra = tuple(compressor.metric_keys) if compressor is not None else ()
-  return STANDARD_METRICS + extra
+  routed = ("received_bytes", "two_phase_tensors") if compressor is not None and exchange != "all_gather" else ()
+  return STANDARD_METRICS + routed + extra
 
 
 # -- the named steps of an update, for one tensor or all ----------------------
@@ -202,6 +211,24 @@ def count_tensor(
   return counts
 
 
+def count_two_phase_tensor(tp: two_phase.TwoPhaseResult, g: jax.Array, bad: jax.Array,
+                           tracked_path: Optional[str]) -> dict[str, Any]:
+  """The counters of one tensor sent by the two-phase exchange (its own accounting of both phases)."""
+  counts = {
+      "compressed_bytes_on_wire": tp.wire_bytes,
+      "compressed_float32_bytes": 4 * core.size_of(g.shape),
+      "encoded_bytes": tp.encoded_bytes,
+      "received_bytes": tp.received_bytes,
+      "nonfinite_tensors": bad.astype(jnp.int32),
+      "two_phase_tensors": 1,
+      **tp.metrics,
+  }
+  if tracked_path is not None:
+    counts[f"zeros:{tracked_path}"] = jnp.sum(tp.own == 0, dtype=jnp.int32)
+    counts[f"elements:{tracked_path}"] = core.size_of(g.shape)
+  return counts
+
+
 def count_all(keys: tuple[str, ...], results: list[_TensorResult], plan: _Plan, flag_bytes: int) -> dict[str, Count]:
   """Sums the tensors' counters into the metrics of this update (exact :class:`~jaxcomp.count.Count` s)."""
   m = {k: Count() for k in keys}
@@ -211,7 +238,7 @@ def count_all(keys: tuple[str, ...], results: list[_TensorResult], plan: _Plan, 
   m["compressed_bytes_on_wire"] = m["encoded_bytes"] = Count(flag_bytes)
   for r in results:
     for name, value in r.counts.items():
-      m[name] = m[name] + Count.of(value)
+      m[name] = m.get(name, Count()) + Count.of(value)
   m["bytes_on_wire"] = m["compressed_bytes_on_wire"] + m["float_bytes"]
   return m
 
@@ -229,6 +256,7 @@ def compress(
     seed: int = 0,
     nonfinite: NonFinitePolicy = "propagate",
     tensor_metrics: Optional[str] = None,
+    exchange: two_phase.Exchange = "all_gather",
 ) -> optax.GradientTransformationExtraArgs:
   """Compresses, exchanges and averages gradients.
 
@@ -262,6 +290,22 @@ def compress(
       the worker sent (TernGrad Fig. 4(c): 71.32% of AlexNet's fc6 codes are
       0). Counted on the worker, never sent; with neither error feedback nor
       a custom exchange it costs one extra decode of each matched tensor.
+      With ``exchange`` other than ``"all_gather"`` a matched tensor also
+      reports ``"two_phase:<path>"``: 1 if it took the two-phase exchange.
+    exchange: how each compressed tensor crosses the wire.
+      ``"all_gather"`` (default): every worker gathers every worker's payload
+      (each receives ``(N − 1)·P`` bytes). ``"two_phase"``: a compressed
+      reduce-scatter, re-encoding and all-gather (:mod:`jaxcomp.two_phase`;
+      each receives ``≈ 2(N − 1)/N·P``); tensors too small to split over the
+      axis stay on the all-gather. ``"auto"``: per tensor, the one that
+      receives fewer bytes for the axis size, decided at trace time. With
+      either, the metric ``two_phase_tensors`` counts the tensors that took
+      the two-phase exchange and ``received_bytes`` the bytes that reached
+      this worker (see :func:`jaxcomp.metrics`). With error feedback, the two-phase exchange keeps a second,
+      full-size residual per tensor for the shard the worker re-encodes (in
+      the state's ``shard``; allocated for ``"two_phase"`` and ``"auto"``).
+      Compressors with their own exchange (PowerSGD) refuse ``"two_phase"``
+      and keep their own with ``"auto"``.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` whose updates are the
@@ -277,10 +321,15 @@ def compress(
   if min_size < 0:
     raise ValueError(f"min_size must be >= 0; got {min_size}.")
   parallel.axis_names(axis_name)  # validates
+  two_phase.check_exchange(exchange)
+  if compressor is not None:
+    two_phase.check(compressor, exchange)
   use_ef = bool(compressor is not None and (compressor.error_feedback if error_feedback is None else error_feedback))
   if compressor is None and error_feedback:
     raise ValueError("error_feedback needs a compressor.")
-  keys = _metric_keys(compressor)
+  routed = compressor is not None and exchange != "all_gather"
+  use_shard = routed and use_ef and not two_phase.unsupported(compressor)
+  keys = _metric_keys(compressor, exchange)
   tracked_re = re.compile(tensor_metrics) if tensor_metrics else None
 
   def plan(tree) -> _Plan:
@@ -294,28 +343,53 @@ def compress(
       tracked = {i: p for i, p in enumerate(paths) if not skipped[i] and tracked_re.search(p)}
     return _Plan(leaves, treedef, skipped, tracked)
 
-  def exchange(x, key, inner) -> core.Exchanged:
+  def exchange_fn(x, key, inner) -> core.Exchanged:
     """Agree, encode, exchange, decode: the compressor's own exchange or the default one."""
     if compressor.custom_exchange:
       return compressor.exchange(x, key, axis_name, _from_masked(inner))
     return parallel.exchange(compressor, x, key, axis_name, inner, need_own=use_ef)
 
-  def compress_tensor(g, x, bad, anywhere, residual, inner, key, tracked_path) -> _TensorResult:
-    ex = exchange(x, key, inner)
-    mean = jnp.where(anywhere, jnp.full_like(ex.mean, jnp.nan), ex.mean) if nonfinite == "propagate" else ex.mean
-    residual = carry_residual(x, ex.own, residual, bad) if use_ef else residual
-    counts = count_tensor(compressor, ex, g, bad, tracked_path)
-    return _TensorResult(mean.astype(g.dtype), residual, _or_masked(ex.state), counts)
+  def two_phase_tensor(g, x, bad, anywhere, residual, inner, shard, key, tracked_path) -> _TensorResult:
+    tp = two_phase.two_phase_exchange(compressor, x, key, axis_name, _from_masked(shard),
+                                      need_own=use_ef or tracked_path is not None)
+    mean = jnp.where(anywhere, jnp.full_like(tp.mean, jnp.nan), tp.mean) if nonfinite == "propagate" else tp.mean
+    residual = carry_residual(x, tp.own, residual, bad) if use_ef else residual
+    if use_shard:  # a step whose mean is NaN on every worker leaves the shard residual as it was
+      shard = jnp.where(anywhere, shard, tp.shard_residual) if nonfinite == "propagate" else tp.shard_residual
+    counts = count_two_phase_tensor(tp, g, bad, tracked_path)
+    return _TensorResult(mean.astype(g.dtype), residual, inner, shard, counts)
 
-  def float_tensor(g, residual, inner) -> _TensorResult:
+  def compress_tensor(g, x, bad, anywhere, residual, inner, shard, key, tracked_path) -> _TensorResult:
+    workers = parallel.axis_size(axis_name)
+    if routed and two_phase.choose(compressor, x.size, workers, exchange) == "two_phase":
+      result = two_phase_tensor(g, x, bad, anywhere, residual, inner, shard, key, tracked_path)
+    else:
+      ex = exchange_fn(x, key, inner)
+      mean = jnp.where(anywhere, jnp.full_like(ex.mean, jnp.nan), ex.mean) if nonfinite == "propagate" else ex.mean
+      residual = carry_residual(x, ex.own, residual, bad) if use_ef else residual
+      counts = count_tensor(compressor, ex, g, bad, tracked_path)
+      if routed:
+        counts["received_bytes"] = two_phase.all_gather_received(compressor, x.size, workers, ex.wire_bytes)
+      result = _TensorResult(mean.astype(g.dtype), residual, _or_masked(ex.state), shard, counts)
+    if routed and tracked_path is not None:
+      counts = dict(result.counts)
+      counts[f"two_phase:{tracked_path}"] = counts.get("two_phase_tensors", 0)
+      result = result._replace(counts=counts)
+    return result
+
+  def float_tensor(g, residual, inner, shard) -> _TensorResult:
     nbytes = core.size_of(g.shape) * g.dtype.itemsize
-    return _TensorResult(send_float(g, axis_name), residual, inner, {"float_bytes": nbytes, "encoded_bytes": nbytes})
+    counts = {"float_bytes": nbytes, "encoded_bytes": nbytes}
+    if routed:
+      counts["received_bytes"] = two_phase.allreduce_received(nbytes, parallel.axis_size(axis_name))
+    return _TensorResult(send_float(g, axis_name), residual, inner, shard, counts)
 
   def update_fn(updates, state, params=None, **extra_args):
     del params, extra_args
     p = plan(updates)
     residuals = p.treedef.flatten_up_to(state.local.residual)
     inners = p.treedef.flatten_up_to(state.inner)
+    shards = p.treedef.flatten_up_to(state.shard.residual) if use_shard else [optax.MaskedNode()] * len(p.leaves)
     next_key, step_key = jax.random.split(state.key)
     worker = parallel.axis_index(axis_name)
     compressed = [i for i, s in enumerate(p.skipped) if not s]
@@ -328,19 +402,30 @@ def compress(
     anywhere = dict(zip(compressed, anywhere))
     # 3. Skip (float) or compress and exchange each tensor; carry its residual.
     results = []
-    for i, (g, r, inner) in enumerate(zip(p.leaves, residuals, inners)):
+    for i, (g, r, inner, shard) in enumerate(zip(p.leaves, residuals, inners, shards)):
       if p.skipped[i]:
-        results.append(float_tensor(g, r, inner))
+        results.append(float_tensor(g, r, inner, shard))
       else:
         key = rng.leaf_key(step_key, i, worker)
-        results.append(compress_tensor(g, xs[i], bad[i], anywhere[i], r, inner, key, p.tracked.get(i)))
+        results.append(compress_tensor(g, xs[i], bad[i], anywhere[i], r, inner, shard, key, p.tracked.get(i)))
     # 4. Count.
     metrics = count_all(keys, results, p, flag_bytes)
+    if routed:
+      # With a routed exchange, the counts that depend on the axis size (bytes received, which
+      # route each tensor took, its bytes) are kept in their traced form: init's abstract trace
+      # has one worker, and the state must keep one structure whatever the axis size.
+      metrics["received_bytes"] += two_phase.allreduce_received(flag_bytes, parallel.axis_size(axis_name))
+      n_dependent = ["received_bytes", "bytes_on_wire", "compressed_bytes_on_wire", "encoded_bytes",
+                     "two_phase_tensors"] + [f"two_phase:{path}" for path in p.tracked.values()]
+      for name in n_dependent:
+        metrics[name] = metrics[name].traced()
     new_state = CompressState(
         count=optax.safe_increment(state.count),
         key=next_key,
         inner=p.treedef.unflatten([r.inner for r in results]),
         local=core.WorkerLocal(residual=p.treedef.unflatten([r.residual for r in results]), metrics=metrics),
+        shard=core.WorkerLocal(residual=p.treedef.unflatten([r.shard for r in results]), metrics={})
+        if use_shard else None,
     )
     return p.treedef.unflatten([r.update for r in results]), new_state
 
@@ -360,11 +445,17 @@ def compress(
         else _or_masked(compressor.init_state(tuple(jnp.shape(leaf)), jax.random.fold_in(key, i)))
         for i, (leaf, s) in enumerate(zip(p.leaves, p.skipped))
     ]
+    shard = None
+    if use_shard:  # full-size: the number of workers, hence the shard, is known only at trace time
+      shard = core.WorkerLocal(residual=p.treedef.unflatten(
+          [optax.MaskedNode() if s else jnp.zeros(jnp.shape(leaf), jnp.float32)
+           for leaf, s in zip(p.leaves, p.skipped)]), metrics={})
     state = CompressState(
         count=jnp.zeros((), jnp.int32),
         key=jax.random.fold_in(key, len(p.leaves)),
         inner=p.treedef.unflatten(inner),
         local=core.WorkerLocal(residual=p.treedef.unflatten(residual), metrics={}),
+        shard=shard,
     )
     # The sizes that are static per step (bytes of payloads, of float tensors)
     # are the same before and after every update, so that the state keeps one

@@ -91,3 +91,42 @@ def test_vgg_a_parameter_count():
   """Simonyan & Zisserman Table 1 (A): 132,863,336 parameters (Table 2: 133M)."""
   v = jax.eval_shape(lambda: pm.VGGA().init(jax.random.PRNGKey(0), jnp.zeros((1, 224, 224, 3))))
   assert sum(math.prod(x.shape) for x in jax.tree.leaves(v)) == 132_863_336
+
+
+# -- each exchange's bytes and time on a link (bandwidth B, latency alpha) --------------------
+
+from jaxcomp.compressors.qsgd import QSGD  # noqa: E402
+from jaxcomp.compressors.threelc import ThreeLC  # noqa: E402
+
+
+def test_exchange_costs_by_hand():
+  # 3LC (no agreement) on 4,000 values, 4 workers, B = 1 MB/s, alpha = 1 ms.
+  # Float ring: 2*3/4 * 16,000 = 24,000 bytes in 6 steps: 6 ms + 24 ms.
+  # All-gather: 800 base-3^5 bytes + 4 for m; 3 * 804 = 2,412 bytes in 3 steps.
+  # Two-phase: chunks of 1,000 -> 200 + 4 bytes, chunk and shard: 3 * (204 + 204) = 1,224 in 6 steps.
+  c = pm.exchange_costs(ThreeLC(), 4000, 4, 1e6, 1e-3)
+  assert c["float"] == pm.ExchangeCost(24_000, pytest.approx(0.006 + 0.024))
+  assert c["all_gather"] == pm.ExchangeCost(2_412, pytest.approx(0.003 + 0.002412))
+  assert c["two_phase"] == pm.ExchangeCost(1_224, pytest.approx(0.006 + 0.001224))
+  # TernGrad agrees on its scalar first: one more all-reduce (2(N-1) steps, a ring's bytes).
+  t = pm.exchange_costs(TernGrad(), 4000, 4, 1e6, 1e-3)
+  assert t["all_gather"].bytes == 3 * (1000 + 4) + 6  # 4 agreed bytes: a ring receives 2*3/4 of them
+  assert t["all_gather"].seconds == pytest.approx(9e-3 + t["all_gather"].bytes / 1e6)
+  assert t["two_phase"].bytes == 3 * (254 + 254) + 24  # 4 chunks' scalars agreed: 16 bytes
+  assert pm.exchange_costs(None, 4000, 4, 1e6, 1e-3).keys() == {"float"}
+
+
+@pytest.mark.parametrize("comp", [TernGrad(), QSGD(), ThreeLC()], ids=["terngrad", "qsgd", "threelc"])
+def test_two_phase_bytes_do_not_grow_with_workers(comp):
+  """Two-phase stays within 1.1 x 2(N-1)/N·P; the all-gather's (N-1)·P passes the float ring from N = 2r on."""
+  from jaxcomp import two_phase
+
+  n = 4 << 20
+  p = two_phase.all_gather_bytes(comp, n, 2).handed  # P: the all-gather's bytes_on_wire, agreement included
+  r = 4 * n / p
+  for workers in (4, 8, 64, 1024):
+    c = pm.exchange_costs(comp, n, workers, 1e9, 0.0)
+    assert c["two_phase"].bytes <= 1.1 * 2 * (workers - 1) / workers * p
+    assert c["two_phase"].bytes < c["float"].bytes
+    assert c["all_gather"].bytes == pytest.approx((workers - 1) * p, rel=1e-5)
+    assert (c["all_gather"].bytes > c["float"].bytes) == (workers > 2 * r)

@@ -38,7 +38,7 @@ def _uncompressed(**kwargs: Any) -> optax.GradientTransformationExtraArgs:
 
 # name -> factory(**kwargs) -> optax.GradientTransformationExtraArgs.
 # Every factory accepts the keyword arguments of jaxcomp.compress
-# (axis_name, skip, min_size, seed, nonfinite, error_feedback).
+# (axis_name, skip, min_size, seed, nonfinite, error_feedback, exchange).
 REGISTRY: dict[str, Callable[..., optax.GradientTransformationExtraArgs]] = {
     "none": _uncompressed,
     "terngrad": terngrad,

@@ -60,6 +60,7 @@ from jax import lax
 from jaxcomp import core
 from jaxcomp import parallel
 from jaxcomp import transforms
+from jaxcomp import two_phase
 
 # Per-step reference sizes, reported on every step (the rest are zeroed between exchanges).
 REFERENCE_METRICS = ("float32_bytes", "compressed_float32_bytes")
@@ -160,6 +161,11 @@ def local_steps(
   """
   if isinstance(k, bool) or not isinstance(k, int) or k < 1:
     raise ValueError(f"k must be an int >= 1; got {k!r}.")
+  if isinstance(exchange, str) and exchange in two_phase.EXCHANGES:
+    raise ValueError(
+        f"local_steps' `exchange` says what exchanges the accumulated mean (a compressor's name or a "
+        f"transform), not how a compressor's payloads travel; for the {exchange!r} exchange of a "
+        f"compressor pass its transform, e.g. exchange=jaxcomp.terngrad(axis_name=..., exchange={exchange!r}).")
   if exchange is None:
     unexpected = sorted(set(exchange_kwargs) - set(FLOAT_EXCHANGE_KWARGS))
     if unexpected:

@@ -71,6 +71,7 @@ import optax
 from jaxcomp import core
 from jaxcomp import parallel
 from jaxcomp import transforms
+from jaxcomp import two_phase
 from jaxcomp.compressors import _select
 
 
@@ -120,6 +121,10 @@ class PowerSGD(core.Compressor):
     n, m = _select.column_shape(shape)
     r = min(self.rank, n, m)
     return n, m, (r if r * (n + m) < n * m else 0)
+
+  def received_bytes(self, wire_bytes, workers):
+    """Bytes one worker receives (jaxcomp.two_phase): all-reduces, a ring's 2(N−1)/N of what it hands."""
+    return two_phase.allreduce_received(wire_bytes, workers)
 
   def init_state(self, shape, key):
     n, m, r = self.matrix(shape)

@@ -48,6 +48,7 @@ import optax
 
 from jaxcomp import core
 from jaxcomp import transforms
+from jaxcomp import two_phase
 from jaxcomp.codecs import bits
 
 
@@ -85,6 +86,15 @@ class SignSGD(core.Compressor):
     n = core.size_of(shape)
     votes = jax.vmap(lambda p: self._votes(p, n))(gathered)
     return jnp.sign(core.sum_leading(votes)).astype(jnp.float32).reshape(shape)
+
+  # The two-phase exchange (jaxcomp.two_phase): exact integer vote counts in
+  # phase 1, their sign (ties 0) in base-3^5 in phase 2.
+  def reduce_chunks(self, received, shape):
+    n = core.size_of(shape)
+    votes = jax.vmap(lambda p: self._votes(p, n))(received)
+    return core.sum_leading(votes).astype(jnp.float32).reshape(shape)
+
+  shard_compressor = two_phase.Ternary()
 
 
 def signsgd(**kwargs: Any) -> optax.GradientTransformationExtraArgs:

@@ -173,6 +173,15 @@ class ThreeLC(core.Compressor):
 
   # -- zero-run wire (capacity=f) --------------------------------------------
 
+  # The two-phase exchange (jaxcomp.two_phase) sends zero-run buffers in both
+  # phases, with a plain base-3^5 round where a stream did not fit.
+  @property
+  def plain_compressor(self) -> Optional["ThreeLC"]:
+    return None if self.capacity is None else dataclasses.replace(self, capacity=None)
+
+  def fits(self, payload) -> jax.Array:
+    return payload.length <= payload.buffer.shape[-1]
+
   def exchange(self, x, key, axis_name, state):
     """Zero-run buffer round, and a plain base-3^5 round if any worker overflowed."""
     del key, state
