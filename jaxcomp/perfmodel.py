@@ -46,7 +46,7 @@ all-reduce, the compressed all-gather and the compressed two-phase exchange
 the compressors' real payloads.
 
 References:
-  Wen et al., *TernGrad*, NeurIPS 2017, Appendix B (``papers/terngrad.md``).
+  Wen et al., *TernGrad*, NeurIPS 2017, Appendix B.
   Yan, Ruwase, He, Chilimbi, *Performance modeling and scalability
   optimization of distributed deep learning systems*, KDD 2015.
   Simonyan, Zisserman, *Very deep convolutional networks for large-scale
