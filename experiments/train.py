@@ -441,13 +441,15 @@ def loss_and_grad(config, loss_fn, params, batch_stats, images, labels, key):
   return grads, loss, logits, new_vars
 
 
-def make_train_step(config, model, tx, mesh, opt_state_template, num_classes, bn_template):
+def make_train_step(config, model, tx, mesh, opt_state_template, num_classes, bn_template, *,
+                    donate: bool = True):
   """Returns a jitted ``step(state, images[N,b,...], labels[N,b], key) -> (state, metrics)``.
 
   ``bn_template`` is the model's ``batch_stats`` (empty for models without
   batch norm). The step donates ``state``: the parameters, optimizer state
   and EMA it replaces are updated in place, not held twice; the caller must
-  not use a state after passing it.
+  not use a state after passing it. ``donate=False`` gives the same step
+  without donation (``benchmarks/train_memory.py`` compares the two).
   """
   has_bn = bool(jax.tree.leaves(bn_template))
   loss_fn = make_loss_fn(config, model, num_classes, has_bn)
@@ -478,7 +480,7 @@ def make_train_step(config, model, tx, mesh, opt_state_template, num_classes, bn
   )
   bn_bytes = jaxcomp.core.tree_nbytes(bn_template)
 
-  @functools.partial(jax.jit, donate_argnums=(0,))
+  @functools.partial(jax.jit, donate_argnums=(0,) if donate else ())
   def step(state: TrainState, images, labels, key):
     params, batch_stats, opt_state, m = sharded(
         state.params, state.batch_stats, state.opt_state, images, labels, key)
