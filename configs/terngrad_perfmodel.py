@@ -80,6 +80,20 @@ SUSTAINED_FRACTION = 0.4
 
 GPUS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 
+# The break-even table: N at which a compressed all-gather receives more bytes
+# per worker than a float32 ring all-reduce, for one tensor of each model's
+# parameter count. 3LC is its fixed wire (base-3^5 codes, no zero-run coding:
+# the zero-run stream's size depends on the data). QSGD 4-bit as QSGD-T1 runs it.
+BREAK_EVEN = {
+    "terngrad": {"label": "TernGrad", "compressor": "terngrad", "kwargs": {"clip_sigma": 2.5}},
+    "qsgd_4bit": {"label": "QSGD 4-bit (s = 7, d = 512)", "compressor": "qsgd",
+                  "kwargs": {"bits_per_value": 4, "bucket_size": 512}},
+    "threelc": {"label": "3LC (s = 1.00, fixed base-3^5 wire, no zero-run)", "compressor": "threelc",
+                "kwargs": {"sparsity": 1.0, "zero_run": False}},
+}
+# The two-phase exchange is checked against the float ring at these N.
+TWO_PHASE_WORKERS_CHECKED = tuple(2 ** k for k in range(1, 17))
+
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   del arg
@@ -96,4 +110,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.gpus = GPUS
   c.terngrad_float_last_layer = True  # §4.2
   c.terngrad_clip_sigma = 2.5
+  c.break_even = BREAK_EVEN
+  c.two_phase_workers_checked = TWO_PHASE_WORKERS_CHECKED
   return c

@@ -7,7 +7,15 @@ Usage::
 Computes each model's gradient bytes (float32, and TernGrad's real payload)
 and forward FLOPs from the Flax models, turns the config's ASSUMED GPU speed
 into T(1,1,K), and evaluates Eq. 29-30 (weak scaling, Fig. 5) or Eq. 27-28
-for every GPU count on every cluster. Writes ``ROOT/TG-F5/<dataset>/<name>/``:
+for every GPU count on every cluster. TernGrad is charged three ways: the
+paper's own charge (every hop moves the payload ``P``), and the two exchanges
+jaxcomp runs, the compressed all-gather and the two-phase exchange
+(:mod:`jaxcomp.two_phase`), each as the float ``|g|`` scaled by the bytes a
+worker receives in that exchange over the bytes it receives in a float ring
+all-reduce (:func:`charged_bytes`). It also solves, from the same byte
+functions, the worker count at which the compressed all-gather starts to
+receive more bytes than a float32 ring all-reduce (:func:`break_even_workers`).
+Writes ``ROOT/TG-F5/<dataset>/<name>/``:
 ``config.json`` (the assumptions), ``summary.json`` (the estimates) and
 ``command.txt``. Nothing is measured: see :mod:`jaxcomp.perfmodel`.
 """
@@ -19,13 +27,19 @@ import json
 import os
 import shlex
 import sys
+from typing import Optional
 
 from absl import app
 from absl import flags
 
+from jaxcomp import core
 from jaxcomp import models as models_lib
 from jaxcomp import perfmodel as pm
+from jaxcomp import two_phase
+from jaxcomp.compressors.qsgd import QSGD
+from jaxcomp.compressors.qsgd import levels_for_bits
 from jaxcomp.compressors.terngrad import TernGrad
+from jaxcomp.compressors.threelc import ThreeLC
 
 flags.DEFINE_string("config", "configs/terngrad_perfmodel.py", "The TG-F5 config file.")
 flags.DEFINE_string("root", "runs", "Root directory of the runs.")
@@ -46,6 +60,143 @@ def build_model(name: str):
 def cluster_of(c: dict) -> pm.Cluster:
   return pm.Cluster(c["label"], c["gpus_per_machine"], c["gpu_bandwidth"], c["cpu_bandwidth"],
                     c["network_bandwidth"], c["network_latency"])
+
+
+# ---------------------------------------------------------------------------------------------
+# The exchanges' bytes, from jaxcomp's static byte functions.
+
+EXCHANGES = ("all_gather", "two_phase")
+
+
+def make_compressor(name: str, kwargs: dict) -> core.Compressor:
+  """The compressors of the break-even table, by the names the configs use."""
+  kwargs = dict(kwargs)
+  if name == "terngrad":
+    return TernGrad(**kwargs)
+  if name == "qsgd":
+    if "bits_per_value" in kwargs:
+      kwargs["levels"] = levels_for_bits(kwargs.pop("bits_per_value"))
+    return QSGD(**kwargs)
+  if name == "threelc":
+    return ThreeLC(**kwargs)
+  raise ValueError(f"unknown compressor {name!r}; expected terngrad, qsgd or threelc.")
+
+
+def received_bytes(compressor: core.Compressor, n: int, workers: int, exchange: str) -> int:
+  """Bytes one worker receives per step for one tensor of ``n`` values.
+
+  ``exchange``: ``"float"`` (a float32 ring all-reduce), ``"all_gather"`` or
+  ``"two_phase"`` (a tensor too small to split falls back to the all-gather,
+  as :func:`jaxcomp.two_phase.choose` does).
+  """
+  if exchange == "float" or workers < 2:
+    return two_phase.allreduce_received(4 * n, workers)
+  if two_phase.choose(compressor, n, workers, exchange) == "two_phase":
+    return two_phase.two_phase_bytes(compressor, n, workers).received
+  return two_phase.all_gather_bytes(compressor, n, workers).received
+
+
+def tensor_sizes(params, keep_float) -> list[tuple[int, bool]]:
+  """``(n, kept_float)`` per tensor, paths named as :func:`jaxcomp.perfmodel.gradient_bytes` names them."""
+  import jax  # pylint: disable=g-import-not-at-top
+
+  out = []
+  for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+    shape = tuple(leaf.shape)
+    name = "/".join(str(getattr(p, "key", getattr(p, "name", p))) for p in path)
+    out.append((core.size_of(shape), bool(keep_float(name, shape))))
+  return out
+
+
+def model_received_bytes(sizes: list[tuple[int, bool]], compressor: core.Compressor, workers: int,
+                         exchange: str, cache: dict) -> int:
+  """Sum of :func:`received_bytes` over a model's tensors ``(n, kept_float)``."""
+  total = 0
+  for n, kept_float in sizes:
+    ex = "float" if kept_float else exchange
+    key = (n, workers, ex)
+    if key not in cache:
+      cache[key] = received_bytes(compressor, n, workers, ex)
+    total += cache[key]
+  return total
+
+
+def charged_bytes(g_float: float, received: int, received_float: int) -> float:
+  """The ``|g|`` Appendix B charges an exchange: the float ``|g|`` scaled by its received bytes.
+
+  Appendix B charges every hop of the all-reduce the same ``|g|``; for
+  float32 that is ``4n`` per tensor. An exchange whose worker receives
+  ``R`` bytes where the float ring all-reduce receives ``R_float`` is
+  charged ``|g_float| · R / R_float`` on every hop, so the float case is
+  unchanged and the two exchanges keep their ratio to it. (The two-phase
+  exchange comes out close to the paper's own charge ``P``; the all-gather's
+  grows as ``N·P/2``.)
+  """
+  return g_float * received / received_float
+
+
+def break_even_workers(compressor: core.Compressor, n: int, limit: int = 1 << 24) -> Optional[int]:
+  """Smallest ``N >= 2`` at which the compressed all-gather of ``n`` values receives more
+  bytes per worker than a float32 ring all-reduce (``None``: not below ``limit``).
+
+  The all-gather receives ``(N−1)·P`` (plus the agreed scalars' ring), the
+  ring ``2(N−1)/N·4n``: their difference changes sign once, so an
+  exponential search and a bisection find it.
+  """
+  def over(w: int) -> bool:
+    return (received_bytes(compressor, n, w, "all_gather") > received_bytes(compressor, n, w, "float"))
+
+  if over(2):
+    return 2
+  lo, hi = 2, 4
+  while not over(hi):
+    if hi >= limit:
+      return None
+    lo, hi = hi, hi * 2
+  while hi - lo > 1:
+    mid = (lo + hi) // 2
+    lo, hi = (lo, mid) if over(mid) else (mid, hi)
+  return hi
+
+
+def two_phase_vs_float(compressor: core.Compressor, n: int, workers: list[int]) -> dict:
+  """The two-phase exchange against the float ring at each of ``workers`` where it splits ``n``
+  values (:func:`jaxcomp.two_phase.layout`): the largest ratio of received bytes, and the first
+  ``N`` (if any) at which two-phase receives more. Past ``n / alignment`` workers the tensor is
+  too small to split and jaxcomp falls back to the all-gather; those ``N`` are listed apart."""
+  split = [w for w in workers if two_phase.layout(compressor, n, w) is not None]
+  ratios = {w: received_bytes(compressor, n, w, "two_phase") / received_bytes(compressor, n, w, "float")
+            for w in split}
+  return {"max_ratio": max(ratios.values()) if ratios else None,
+          "at_workers": max(ratios, key=ratios.get) if ratios else None,
+          "first_crossing": next((w for w in sorted(ratios) if ratios[w] > 1), None),
+          "workers_checked": sorted(ratios),
+          "too_small_to_split": sorted(w for w in workers if w not in ratios)}
+
+
+def break_even_table(config, models: dict) -> dict:
+  """For each compressor and model size: the all-gather's break-even ``N`` and the two-phase check."""
+  out = {}
+  grid = list(config.two_phase_workers_checked)
+  for key, spec in config.break_even.items():
+    comp = make_compressor(spec["compressor"], spec["kwargs"])
+    per_model = {}
+    for name, m in models.items():
+      n = m["param_count"]
+      w = break_even_workers(comp, n)
+      ratio = (lambda v: received_bytes(comp, n, v, "all_gather") / received_bytes(comp, n, v, "float"))
+      per_model[name] = {"n": n, "all_gather_break_even_workers": w,
+                         "all_gather_over_float_at_break_even": ratio(w) if w else None,
+                         "all_gather_over_float_before": ratio(w - 1) if w and w > 2 else None,
+                         "payload_bytes": two_phase.all_gather_bytes(comp, n, 2).handed,
+                         "two_phase": two_phase_vs_float(comp, n, grid)}
+    out[key] = {"label": spec["label"], "compressor": spec["compressor"], "kwargs": dict(spec["kwargs"]),
+                "models": per_model}
+  return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Appendix B's model.
 
 
 def speedup_at(gpus: int, compute_sec: float, g_float: float, g_tern: float, cl: pm.Cluster,
@@ -79,8 +230,10 @@ def estimate(config) -> dict:
       else (lambda path, shape: False)
   out = {"kind": "performance-model estimates (TernGrad Appendix B); not measurements",
          "scaling": config.scaling, "models": {}, "clusters": {}}
+  sizes, cache = {}, {}
   for name in config.models:
     st = pm.model_stats(build_model(name), config.image_size)
+    sizes[name] = tensor_sizes(st["params"], keep_last)
     out["models"][name] = {
         "per_gpu_batch": config.models[name],
         "param_count": st["param_count"],
@@ -88,6 +241,16 @@ def estimate(config) -> dict:
         "gradient_bytes_float32": pm.gradient_bytes(st["params"]),
         "gradient_bytes_terngrad": pm.gradient_bytes(st["params"], comp, keep_last),
     }
+    print(f"TG-F5: {name}: {st['param_count']:,} parameters", file=sys.stderr)
+  for name, m in out["models"].items():
+    m["charged_bytes_terngrad"] = {ex: {} for ex in EXCHANGES}
+    for gpus in config.gpus:
+      if gpus < 2:
+        continue
+      rf = model_received_bytes(sizes[name], comp, gpus, "float", cache)
+      for ex in EXCHANGES:
+        r = model_received_bytes(sizes[name], comp, gpus, ex, cache)
+        m["charged_bytes_terngrad"][ex][str(gpus)] = charged_bytes(m["gradient_bytes_float32"], r, rf)
   for cname, cdict in config.clusters.items():
     cl = cluster_of(cdict)
     per_model = {}
@@ -99,8 +262,13 @@ def estimate(config) -> dict:
       for gpus in config.gpus:
         i, j = pm.layout(gpus, cl.gpus_per_machine)
         row = {"gpus": gpus, "i": i, "j": j}
-        for label, g in (("float", m["gradient_bytes_float32"]), ("terngrad", m["gradient_bytes_terngrad"])):
-          t1 = pm.profiled_time(compute, g, cl)
+        charges = {"float": m["gradient_bytes_float32"], "terngrad": m["gradient_bytes_terngrad"]}
+        for ex in EXCHANGES:  # one GPU exchanges nothing: the payload's copy only
+          charges[f"terngrad_{ex}"] = m["charged_bytes_terngrad"][ex].get(str(gpus), m["gradient_bytes_terngrad"])
+        for label, g in charges.items():
+          # T(1,1,K) copies the worker's own gradient (float or payload) once, whatever the exchange.
+          t1 = pm.profiled_time(compute, m["gradient_bytes_float32"] if label == "float"
+                                else m["gradient_bytes_terngrad"], cl)
           if config.scaling == "weak":
             row[f"{label}_time_sec"] = pm.weak_time(i, j, t1, g, cl)
             row[f"{label}_throughput"] = pm.weak_throughput(k, i, j, t1, g, cl)
@@ -108,9 +276,12 @@ def estimate(config) -> dict:
             row[f"{label}_time_sec"] = pm.strong_time(i, j, t1, g, cl)
             row[f"{label}_throughput"] = pm.strong_throughput(k, i, j, t1, g, cl)
         row["speedup"] = row["terngrad_throughput"] / row["float_throughput"]
+        for ex in EXCHANGES:
+          row[f"speedup_{ex}"] = row[f"terngrad_{ex}_throughput"] / row["float_throughput"]
         rows.append(row)
       per_model[name] = {"assumed_compute_sec": compute, "rows": rows}
     out["clusters"][cname] = {"label": cdict["label"], "models": per_model}
+  out["break_even"] = break_even_table(config, out["models"])
   # The paper's headline number beside ours, and what our model would need to match it.
   a = out["models"]["alexnet"]
   eth = out["clusters"]["ethernet"]["models"]["alexnet"]
@@ -139,6 +310,10 @@ def main(argv):
     f.write(shlex.join(["python", "-m", "experiments.perfmodel_estimates", "--config", FLAGS.config,
                         "--root", FLAGS.root]) + "\n")
   s = summary["alexnet_ethernet_8gpu"]
+  for key, b in summary["break_even"].items():
+    a = b["models"]["alexnet"]
+    print(f"{b['label']}: all-gather passes the float ring at N = {a['all_gather_break_even_workers']} "
+          f"(AlexNet size); two-phase/float at most {a['two_phase']['max_ratio']:.3f}", file=sys.stderr)
   print(f"wrote {workdir}: AlexNet, 8 GPUs, 1 Gbps Ethernet: TernGrad/floating = {s['speedup']:.2f}x "
         f"(estimate; paper 3.04x)", file=sys.stderr)
 

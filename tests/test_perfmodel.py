@@ -130,3 +130,89 @@ def test_two_phase_bytes_do_not_grow_with_workers(comp):
     assert c["two_phase"].bytes < c["float"].bytes
     assert c["all_gather"].bytes == pytest.approx((workers - 1) * p, rel=1e-5)
     assert (c["all_gather"].bytes > c["float"].bytes) == (workers > 2 * r)
+
+
+# ---------------------------------------------------------------------------------------------
+# TG-F5's exchange charges and break-even N (experiments/perfmodel_estimates.py).
+
+
+def _break_even_compressors():
+  from experiments import perfmodel_estimates as est
+
+  return {"terngrad": est.make_compressor("terngrad", {"clip_sigma": 2.5}),
+          "qsgd_4bit": est.make_compressor("qsgd", {"bits_per_value": 4, "bucket_size": 512}),
+          "threelc": est.make_compressor("threelc", {"sparsity": 1.0, "zero_run": False})}
+
+
+def test_break_even_compressors_are_the_named_ones():
+  c = _break_even_compressors()
+  assert (c["qsgd_4bit"].levels, c["qsgd_4bit"].bucket_size) == (7, 512)
+  assert (c["threelc"].sparsity, c["threelc"].zero_run) == (1.0, False)
+
+
+@pytest.mark.parametrize("name,expected", [("terngrad", 32), ("qsgd_4bit", 16), ("threelc", 40)])
+def test_break_even_workers_against_a_direct_scan(name, expected):
+  """The solver's N is the first N at which two_phase.all_gather_bytes passes allreduce_received."""
+  from experiments import perfmodel_estimates as est
+  from jaxcomp import two_phase
+
+  comp = _break_even_compressors()[name]
+  for n in (60_966_600, 7_005_832, 1 << 20):
+    scan = next(w for w in range(2, 1000)
+                if two_phase.all_gather_bytes(comp, n, w).received > two_phase.allreduce_received(4 * n, w))
+    assert est.break_even_workers(comp, n) == scan
+  # And the closed form it should match: (N-1)·P > 2(N-1)/N·4n  <=>  N > 8n/P (P ~ 2, 4.06, 1.6 bits/value).
+  assert scan == expected
+
+
+def test_break_even_small_tensors_and_limit():
+  """Small tensors (scalars weigh more) against the direct scan; ``None`` when not below ``limit``."""
+  from experiments import perfmodel_estimates as est
+  from jaxcomp import two_phase
+
+  for comp in _break_even_compressors().values():
+    for n in (4, 40, 400):
+      scan = next(w for w in range(2, 1000)
+                  if two_phase.all_gather_bytes(comp, n, w).received > two_phase.allreduce_received(4 * n, w))
+      assert est.break_even_workers(comp, n) == scan
+  assert est.break_even_workers(_break_even_compressors()["terngrad"], 1 << 20, limit=8) is None
+
+
+def test_two_phase_never_crosses_the_float_ring_where_it_splits():
+  from experiments import perfmodel_estimates as est
+  from jaxcomp import two_phase
+
+  for comp in _break_even_compressors().values():
+    n = 7_005_832
+    r = est.two_phase_vs_float(comp, n, [2 ** k for k in range(1, 17)])
+    assert r["first_crossing"] is None and r["max_ratio"] < 0.2
+    for w in r["workers_checked"]:
+      assert (two_phase.two_phase_bytes(comp, n, w).received
+              < two_phase.allreduce_received(4 * n, w))
+    assert all(two_phase.layout(comp, n, w) is None for w in r["too_small_to_split"])
+  qsgd = _break_even_compressors()["qsgd_4bit"]  # chunks of whole 512-value buckets: 7M splits up to 13,683
+  assert est.two_phase_vs_float(qsgd, 7_005_832, [8192, 16384])["too_small_to_split"] == [16384]
+
+
+def test_charged_bytes_keep_float_and_scale_the_exchanges():
+  """Float keeps |g| = 4n; the all-gather is charged N·P/2, the two-phase exchange about P."""
+  from experiments import perfmodel_estimates as est
+  from jaxcomp import two_phase
+
+  comp = TernGrad()
+  n, cache = 1 << 22, {}
+  sizes = [(n, False), (1000, True)]  # one compressed tensor, one kept in float32 (last layer)
+  g_float = 4 * (n + 1000)
+  for w in (2, 8, 64):
+    rf = est.model_received_bytes(sizes, comp, w, "float", cache)
+    assert rf == two_phase.allreduce_received(4 * n, w) + two_phase.allreduce_received(4000, w)
+    ag = est.model_received_bytes(sizes, comp, w, "all_gather", cache)
+    assert ag == two_phase.all_gather_bytes(comp, n, w).received + two_phase.allreduce_received(4000, w)
+    tp = est.model_received_bytes(sizes, comp, w, "two_phase", cache)
+    assert tp == two_phase.two_phase_bytes(comp, n, w).received + two_phase.allreduce_received(4000, w)
+    assert est.charged_bytes(g_float, rf, rf) == g_float
+    p = n // 4  # 2-bit codes
+    assert est.charged_bytes(g_float, ag, rf) == pytest.approx(w * p / 2 + 4000, rel=1e-3)
+    assert est.charged_bytes(g_float, tp, rf) == pytest.approx(p + 4000, rel=0.02)
+  # A tensor too small to split is exchanged by the all-gather, as jaxcomp's choose() does.
+  assert est.received_bytes(comp, 100, 8, "two_phase") == two_phase.all_gather_bytes(comp, 100, 8).received

@@ -9,6 +9,8 @@ import json
 import os
 import re
 
+import pytest
+
 from experiments import report
 from _report_tables import number, numbers, numbers_after, row, section, table
 
@@ -128,7 +130,14 @@ def test_tg_f5_labels_estimates(tmp_path):
   from configs import terngrad_perfmodel
   (d / "config.json").write_text(terngrad_perfmodel.get_config().to_json())
   rows = [{"gpus": g, "i": min(g, 4), "j": max(g // 4, 1), "float_throughput": 100.0 * g,
-           "terngrad_throughput": 150.0 * g, "speedup": 1.5} for g in (1, 8, 64, 512)]
+           "terngrad_throughput": 150.0 * g, "speedup": 1.5,
+           "terngrad_all_gather_throughput": 50.0 * g, "speedup_all_gather": 0.5,
+           "terngrad_two_phase_throughput": 140.0 * g, "speedup_two_phase": 1.4} for g in (1, 8, 64, 512)]
+  two_phase = {"max_ratio": 0.067, "at_workers": 65536, "first_crossing": None,
+               "workers_checked": [2, 4, 65536], "too_small_to_split": []}
+  break_even = {"terngrad": {"label": "TernGrad", "compressor": "terngrad", "kwargs": {}, "models": {
+      "alexnet": {"n": 1000, "all_gather_break_even_workers": 32, "all_gather_over_float_at_break_even": 1.0,
+                  "all_gather_over_float_before": 0.9688, "payload_bytes": 254, "two_phase": two_phase}}}}
   model = {"per_gpu_batch": 128, "param_count": 1000, "forward_flops": 2e9,
            "gradient_bytes_float32": 4000, "gradient_bytes_terngrad": 500}
   summary = {"fixture": True, "models": {"alexnet": model, "vgg_a": model},
@@ -136,7 +145,8 @@ def test_tg_f5_labels_estimates(tmp_path):
                                                      "vgg_a": {"assumed_compute_sec": 0.1, "rows": rows}}}
                           for c in ("ethernet", "infiniband")},
              "alexnet_ethernet_8gpu": {"speedup": 1.5, "compute_sec_matching_paper": 0.01,
-                                       "assumed_compute_sec": 0.1}}
+                                       "assumed_compute_sec": 0.1},
+             "break_even": break_even}
   (d / "summary.json").write_text(json.dumps(summary))
   text = report.build(str(root), str(tmp_path / "docs" / "results.md"))
   f5 = text.split("## TG-F5")[1]
@@ -146,7 +156,16 @@ def test_tg_f5_labels_estimates(tmp_path):
   alexnet = row(table(f5, "model", "per-GPU batch"), model="alexnet")
   assert [number(alexnet[c]) for c in ("per-GPU batch", "parameters", "forward GFLOPs", "ratio")] == [
       128, 1000, 2.0, 8.0]
-  speedups = row(table(f5, "cluster", "model"), cluster="ethernet", model="alexnet")
-  assert number(speedups["TernGrad speedup: 8 GPUs"]) == 1.5 and number(speedups["512 GPUs"]) == 1.5
+  speedups = table(f5, "cluster", "model", "TernGrad exchange")
+  for exchange, x, tput in (("paper's charge", 1.5, 150.0), ("all-gather", 0.5, 50.0), ("two-phase", 1.4, 140.0)):
+    r = row(speedups, cluster="ethernet", model="alexnet", TernGrad_exchange=exchange)
+    assert [number(r[c]) for c in ("TernGrad speedup: 8 GPUs", "64 GPUs", "512 GPUs")] == [x, x, x]
+    assert number(r["TernGrad images/s at 512 GPUs"]) == tput * 512
+  b = row(table(f5, "compressor", "all-gather passes float at N"), compressor="TernGrad", model="alexnet")
+  assert number(b["all-gather passes float at N"]) == 32
+  assert numbers(b["all-gather/float at N; at N−1"]) == [1.0, 0.9688]
+  assert number(b["payload P (bits/value)"]) == pytest.approx(8 * 254 / 1000, abs=1e-3)
+  assert numbers(b["two-phase/float, largest (at N)"]) == [0.067, 65536]
+  assert b["two-phase crosses float at"] == "never" and number(b["two-phase checked up to N"]) == 65536
   assert "measurement" not in f5.replace("not measurements", "").replace("not measured", "")
   assert (tmp_path / "docs" / "results" / "tg_f5_throughput.png").exists()

@@ -475,19 +475,35 @@ def render_tg_f5(runs_by_dataset, out_path: str, img_dir: str) -> list[str]:
     lines.append(f"| {name} | {m['per_gpu_batch']} | {m['param_count']:,} | {m['forward_flops'] / 1e9:.2f} | "
                  f"{m['gradient_bytes_float32'] / 1e6:.1f} | {m['gradient_bytes_terngrad'] / 1e6:.1f} | "
                  f"{m['gradient_bytes_float32'] / m['gradient_bytes_terngrad']:.1f}× |")
-  lines += ["", "| cluster | model | assumed compute T (s) | TernGrad speedup: 8 GPUs | 64 GPUs | 512 GPUs "
-            "| TernGrad images/s at 512 GPUs |", "|---|---|---:|---:|---:|---:|---:|"]
+  lines += ["", "TernGrad is charged three ways (all ESTIMATES). *Paper's charge*: every hop moves TernGrad's "
+            "payload P, as Appendix B does. *All-gather* and *two-phase*: the two exchanges jaxcomp runs "
+            "(`exchange=\"all_gather\"`, `exchange=\"two_phase\"`), each charged on every hop the float "
+            "|g| scaled by the bytes a worker receives in that exchange over those it receives in a float32 "
+            "ring all-reduce (from `jaxcomp.two_phase`'s byte functions, tensor by tensor; a tensor too small "
+            "to split falls back to the all-gather, as jaxcomp does). The float exchange keeps the paper's "
+            "charge, so the three columns compare the exchanges under one model; the two-phase exchange "
+            "comes out close to the paper's charge, the all-gather's grows as N·P/2. Models with many small "
+            "tensors (GoogLeNet) keep less of the two-phase gain at large N: a tensor of fewer than N × 40 "
+            "values is not split and goes by the all-gather.", "",
+            "| cluster | model | TernGrad exchange | assumed compute T (s) | TernGrad speedup: 8 GPUs "
+            "| 64 GPUs | 512 GPUs | TernGrad images/s at 512 GPUs |", "|---|---|---|---:|---:|---:|---:|---:|"]
+  exchanges = (("paper's charge", "speedup", "terngrad_throughput"),
+               ("all-gather", "speedup_all_gather", "terngrad_all_gather_throughput"),
+               ("two-phase", "speedup_two_phase", "terngrad_two_phase_throughput"))
   for cname, cl in s["clusters"].items():
     for name, m in cl["models"].items():
       by = {r["gpus"]: r for r in m["rows"]}
-      cells = [f"{by[g]['speedup']:.2f}×" if g in by else "—" for g in (8, 64, 512)]
-      last = m["rows"][-1]
-      lines.append(f"| {cl['label']} | {name} | {m['assumed_compute_sec']:.3f} | " + " | ".join(cells) +
-                   f" | {last['terngrad_throughput']:,.0f} |")
+      for label, key, tput in exchanges:
+        if key not in m["rows"][-1]:
+          continue
+        cells = [f"{by[g][key]:.2f}×" if g in by else "—" for g in (8, 64, 512)]
+        lines.append(f"| {cl['label']} | {name} | {label} | {m['assumed_compute_sec']:.3f} | " + " | ".join(cells) +
+                     f" | {m['rows'][-1][tput]:,.0f} |")
+  lines += _tg_f5_break_even(s.get("break_even"))
   a = s["alexnet_ethernet_8gpu"]
   match = a.get("compute_sec_matching_paper")
   lines += ["", f"Paper: {cfg.PAPER['alexnet_ethernet_8gpu_speedup']}× for AlexNet on 8 GPUs over 1 Gbps "
-            f"Ethernet; ours (estimate): {a['speedup']:.2f}×. Our model would give the paper's "
+            f"Ethernet; ours (estimate, paper's charge): {a['speedup']:.2f}×. Our model would give the paper's "
             f"{cfg.PAPER['alexnet_ethernet_8gpu_speedup']}× if one GPU's compute for a batch of 128 took "
             f"{_cell(match, '{:.3f}')} s instead of the assumed {a['assumed_compute_sec']:.3f} s (derived "
             "by inverting the model, not measured): the paper's profiled step time, its TernGrad "
@@ -499,6 +515,35 @@ def render_tg_f5(runs_by_dataset, out_path: str, img_dir: str) -> list[str]:
   plot_throughput(s, png)
   lines += [f"![TG-F5 estimated throughput]({rel_link(png, out_path)})", ""]
   return lines
+
+
+def _tg_f5_break_even(break_even) -> list[str]:
+  """The table of worker counts at which the compressed all-gather passes a float32 ring all-reduce."""
+  if not break_even:
+    return []
+  lines = ["", "Break-even N (computed from jaxcomp's static byte functions, not timed): the smallest number "
+           "of workers at which the compressed all-gather's bytes received per worker, (N−1)·P, exceed a "
+           "float32 ring all-reduce's, 2(N−1)/N·4n, for one tensor of each model's parameter count n. "
+           "Beside it, all-gather/float bytes at that N and at N−1 (a ratio of 1.0000 at N: the two tie "
+           "there up to the per-tensor scalars, and the all-gather loses from N+1 on). The two-phase "
+           "exchange is checked against the float ring at N = 2, 4, 8, … (powers of two) up to 65,536, "
+           "wherever the tensor is big enough to split into aligned chunks (beyond that jaxcomp falls back "
+           "to the all-gather). 3LC is its fixed wire (base-3^5 codes, 1.6 bits per value), without "
+           "zero-run coding, whose size depends on the data.", "",
+           "| compressor | model | size n | payload P (bits/value) | all-gather passes float at N "
+           "| all-gather/float at N; at N−1 | two-phase/float, largest (at N) | two-phase crosses float at "
+           "| two-phase checked up to N |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+  for b in break_even.values():
+    for model, e in b["models"].items():
+      w, tp = e["all_gather_break_even_workers"], e["two_phase"]
+      before = e.get("all_gather_over_float_before")
+      lines.append(
+          f"| {b['label']} | {model} | {e['n']:,} | {8 * e['payload_bytes'] / e['n']:.3f} | {_cell(w, '{}')} | "
+          f"{_cell(e.get('all_gather_over_float_at_break_even'), '{:.4f}')}; {_cell(before, '{:.4f}')} | "
+          f"{_cell(tp['max_ratio'], '{:.3f}')} ({_cell(tp['at_workers'], '{:,}')}) | "
+          f"{_cell(tp['first_crossing'], '{:,}') if tp['first_crossing'] else 'never'} | "
+          f"{_cell(max(tp['workers_checked'], default=None), '{:,}')} |")
+  return lines + [""]
 
 
 def _speedup(summary, cluster: str, model: str, gpus: int) -> str:
