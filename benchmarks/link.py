@@ -66,14 +66,13 @@ def _build(method, n, mesh):
 
   nproc = mesh.devices.size
   tx = jaxcomp.get_transform(method, axis_name="d")
-  state = parallel.replicate_workers(
-      jaxcomp.get_transform(method, axis_name=None).init({"g": jnp.zeros((n,), jnp.float32)}), nproc)
+  state = parallel.replicate_workers(tx.init({"g": jnp.zeros((n,), jnp.float32)}), nproc)
   specs = parallel.worker_specs(state, "d")
 
   def per_device(g, s):  # one worker per device: drop its worker axis of size 1, then restore it
     upd, s2 = tx.update({"g": g[0]}, parallel.worker_slice(s, 0))
-    wire = jaxcomp.metrics(s2)["bytes_on_wire"]  # this worker's, per step
-    return upd["g"], wire[None], parallel.expand_workers(s2)
+    wire = jaxcomp.metrics(s2)["bytes_on_wire"].traced()  # this worker's, per step, exact
+    return upd["g"], jnp.stack([wire.hi, wire.lo])[None], parallel.expand_workers(s2)
 
   step = jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=(P("d"), specs),
                                out_specs=(P(), P("d"), specs)), donate_argnums=(1,))
@@ -81,6 +80,12 @@ def _build(method, n, mesh):
       lambda a, sp: jax.make_array_from_callback(a.shape, jax.sharding.NamedSharding(mesh, sp),
                                                  lambda idx: a[idx]), state, specs)
   return step, state
+
+
+def _words_to_int(words) -> int:
+  """The exact count from a Count's (hi, lo) uint32 words."""
+  hi, lo = (int(w) for w in words)
+  return hi * 2**32 + lo
 
 
 def worker(args) -> int:
@@ -113,7 +118,7 @@ def worker(args) -> int:
       times.append(time.perf_counter() - t0)
     results.append({"method": method, "median_s": statistics.median(times), "min_s": min(times),
                     "times_s": times,
-                    "bytes_on_wire": int(round(float(np.asarray(wire.addressable_data(0))[0])))})
+                    "bytes_on_wire": _words_to_int(np.asarray(wire.addressable_data(0))[0])})
     if rank == 0:
       print(f"{method}: median {results[-1]['median_s']:.3f} s over {args.trials} calls, "
             f"{results[-1]['bytes_on_wire']:,} bytes on the wire per worker", flush=True)
