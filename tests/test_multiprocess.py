@@ -1,37 +1,18 @@
 """Multi-process JAX: two processes (jax.distributed on localhost, gloo) give vmap's numbers."""
 
-import os
-import socket
-import subprocess
-import sys
-
 import jax
 import numpy as np
 
 import jaxcomp
 from jaxcomp import parallel
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+from _processes import run_workers
+
 N = 2
 
 
-def _free_port():
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
 def test_two_processes_match_vmap(tmp_path):
-  port = str(_free_port())
-  env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
-  procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "multiprocess", "worker.py"), port,
-                             str(N), str(i), str(tmp_path / f"out{i}.npz")],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-           for i in range(N)]
-  logs = [p.communicate(timeout=300)[0] for p in procs]
-  for p, log in zip(procs, logs):
-    assert p.returncode == 0, log[-3000:]
-  outs = [dict(np.load(tmp_path / f"out{i}.npz")) for i in range(N)]
+  outs = run_workers("worker.py", N, tmp_path)
   for k in outs[0]:  # every process holds the same average
     np.testing.assert_array_equal(outs[0][k], outs[1][k])
 

@@ -14,7 +14,6 @@ import importlib.util
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -26,6 +25,8 @@ import orbax.checkpoint as ocp
 import pytest
 
 from experiments import train
+
+from _processes import free_port
 
 pytestmark = pytest.mark.slow  # worker processes: a minute or more on two cores
 
@@ -44,15 +45,9 @@ def _load_train_config():
 train_config = _load_train_config()
 
 
-def _free_port():
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
 def launch(out_dir, names, *options):
   """Starts NPROC worker processes (4 CPU devices each) training ``names``; returns them."""
-  port = _free_port()
+  port = free_port()
   procs = []
   for i in range(NPROC):
     env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=4",

@@ -2,8 +2,6 @@
 
 import functools
 import os
-import socket
-import subprocess
 import sys
 
 import jax
@@ -26,6 +24,7 @@ from jaxcomp.compressors.terngrad import TernGrad
 from jaxcomp.compressors.threelc import ThreeLC
 
 from _layouts import run_layouts
+from _processes import run_workers
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -205,27 +204,10 @@ def test_same_numbers_under_vmap_shard_map_and_both(comp):
   assert tp.layout(comp, n, n_workers) is not None
 
 
-def _free_port():
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
 def test_two_processes_match_vmap(tmp_path):
   """jax.distributed on loopback, one CPU device per process: the numbers of vmap."""
   n_proc = 2
-  port = str(_free_port())
-  # The workers import this checkout's jaxcomp, whatever is installed.
-  path = os.pathsep.join(filter(None, [os.path.dirname(HERE), os.environ.get("PYTHONPATH")]))
-  env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu", PYTHONPATH=path)
-  procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "multiprocess", "two_phase_worker.py"), port,
-                             str(n_proc), str(i), str(tmp_path / f"out{i}.npz")],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-           for i in range(n_proc)]
-  logs = [p.communicate(timeout=300)[0] for p in procs]
-  for p, log in zip(procs, logs):
-    assert p.returncode == 0, log[-3000:]
-  outs = [dict(np.load(tmp_path / f"out{i}.npz")) for i in range(n_proc)]
+  outs = run_workers("two_phase_worker.py", n_proc, tmp_path)
   sys.path.insert(0, os.path.join(HERE, "multiprocess"))
   try:
     import two_phase_case as case  # pylint: disable=g-import-not-at-top

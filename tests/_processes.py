@@ -1,0 +1,36 @@
+"""Starting the worker processes of the multi-process tests (jax.distributed on loopback)."""
+
+import os
+import socket
+import subprocess
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def free_port() -> int:
+  """A TCP port on 127.0.0.1 that nothing listens on now."""
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def run_workers(script: str, num_processes: int, tmp_path, timeout: float = 300) -> list[dict]:
+  """Runs ``tests/multiprocess/<script> PORT P RANK OUT.npz`` as P processes; returns their outputs.
+
+  One CPU device per process; the workers import this checkout's ``jaxcomp``,
+  whatever is installed. Fails with a worker's log if any exits non-zero.
+  """
+  port = str(free_port())
+  path = os.pathsep.join(filter(None, [os.path.dirname(HERE), os.environ.get("PYTHONPATH")]))
+  env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu", PYTHONPATH=path)
+  procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "multiprocess", script), port,
+                             str(num_processes), str(i), str(tmp_path / f"out{i}.npz")],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+           for i in range(num_processes)]
+  logs = [p.communicate(timeout=timeout)[0] for p in procs]
+  for p, log in zip(procs, logs):
+    assert p.returncode == 0, log[-3000:]
+  return [dict(np.load(tmp_path / f"out{i}.npz")) for i in range(num_processes)]
