@@ -41,9 +41,14 @@ from jaxcomp.compressors.qsgd import levels_for_bits
 from jaxcomp.compressors.terngrad import TernGrad
 from jaxcomp.compressors.threelc import ThreeLC
 
-flags.DEFINE_string("config", "configs/terngrad_perfmodel.py", "The TG-F5 config file.")
-flags.DEFINE_string("root", "runs", "Root directory of the runs.")
 FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  """The command-line flags; defined when run as a script, so the estimate helpers import
+  cleanly beside other modules with flags (``experiments.train`` also has ``--config``)."""
+  flags.DEFINE_string("config", "configs/terngrad_perfmodel.py", "The TG-F5 config file.")
+  flags.DEFINE_string("root", "runs", "Root directory of the runs.")
 
 
 def load_config(path: str):
@@ -319,4 +324,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)
