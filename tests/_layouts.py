@@ -101,6 +101,11 @@ def run_layouts(make_tx, params, grads_fn, n_workers, steps=2):
     outs = []
     for step in range(steps):
       upd, state = run(grads_fn(step), state)
+      # Wait for the step's collectives before dispatching more work: on XLA:CPU
+      # a host op on the 8 devices' shards, dispatched while a collective still
+      # waits for its participants, can hold the threads the collective needs
+      # (the rendezvous then times out and aborts the process).
+      jax.block_until_ready((upd, state))
       outs.append(upd)
     results[layout] = (outs, jaxcomp.metrics(state), state)
   return results
