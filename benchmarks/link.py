@@ -11,7 +11,15 @@ a real, rate-limited network stack instead of shared memory.
 Usage::
 
   sudo .venv/bin/python -m benchmarks.link --processes 2 --link 100mbit \
-      --n 8000000 --methods none,terngrad,threelc --trials 5 [--json out.json]
+      --n 431000,8000000 --methods none,terngrad,threelc:sparsity=1.75:capacity=0.5 \
+      --trials 5 [--json out.json]
+  .venv/bin/python -m benchmarks.link --report out1.json out2.json ... [--plot link.png]
+
+A method is a registry name with optional ``:key=value`` arguments for its
+factory (``terngrad:exchange=two_phase``; values are Python literals or
+strings). ``--report`` turns documents into one Markdown table (time, bytes
+on the wire, speedup over float ``none`` at the same size, and that speedup
+divided by the wire ratio) and, with ``--plot``, a figure.
 
 Without ``--link`` the processes talk over loopback (no root needed). The
 command re-runs itself under ``experiments.launch``; rank 0 prints one JSON
@@ -35,17 +43,54 @@ def _parse(argv):
   p = argparse.ArgumentParser(prog="python -m benchmarks.link", description=__doc__.split("\n")[0])
   p.add_argument("--processes", type=int, default=2)
   p.add_argument("--link", default=None, help="RATE[,DELAY] for experiments.launch --link")
-  p.add_argument("--n", type=int, default=8_000_000, help="float32 values per worker")
+  p.add_argument("--n", type=_sizes, default=[8_000_000],
+                 help="float32 values per worker; a comma-separated list runs each size")
   p.add_argument("--methods", default="none,terngrad,threelc",
                  help="comma-separated jaxcomp compressor names (none: float pmean)")
   p.add_argument("--trials", type=int, default=5)
   p.add_argument("--warmup", type=int, default=2)
   p.add_argument("--json", default=None, help="also write the document here (rank 0)")
+  p.add_argument("--report", nargs="+", default=None, metavar="JSON",
+                 help="render these documents as a Markdown table instead of measuring")
+  p.add_argument("--plot", default=None, help="with --report: also draw the speedups here (PNG)")
   p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
   args = p.parse_args(argv)
-  if args.n < 1 or args.trials < 1 or args.warmup < 1 or args.processes < 1:
+  if args.report:
+    return args
+  for method in args.methods.split(","):
+    try:
+      method_spec(method)
+    except ValueError as e:
+      p.error(str(e))
+  if min(args.n) < 1 or args.trials < 1 or args.warmup < 1 or args.processes < 1:
     p.error("--n, --trials, --warmup (it compiles) and --processes must be at least 1")
   return args
+
+
+def _sizes(text: str) -> list[int]:
+  try:
+    return [int(float(v)) for v in text.split(",")]
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"--n: comma-separated integers expected, got {text!r}") from None
+
+
+def method_spec(method: str) -> tuple[str, dict]:
+  """``"name:key=value:..."`` as ``(name, kwargs)``; values are Python literals, else strings."""
+  import ast  # pylint: disable=g-import-not-at-top
+  from jaxcomp import compressors  # pylint: disable=g-import-not-at-top
+  name, *pairs = method.split(":")
+  if name not in compressors.REGISTRY:
+    raise ValueError(f"unknown method {name!r} in {method!r}; known: {', '.join(compressors.names())}")
+  kwargs = {}
+  for pair in pairs:
+    key, eq, value = pair.partition("=")
+    if not eq or not key:
+      raise ValueError(f"bad argument {pair!r} in {method!r}: key=value expected")
+    try:
+      kwargs[key] = ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+      kwargs[key] = value
+  return name, kwargs
 
 
 def launch_self(args, argv) -> int:
@@ -65,7 +110,8 @@ def _build(method, n, mesh):
   from jaxcomp import parallel  # pylint: disable=g-import-not-at-top
 
   nproc = mesh.devices.size
-  tx = jaxcomp.get_transform(method, axis_name="d")
+  name, kwargs = method_spec(method)
+  tx = jaxcomp.get_transform(name, axis_name="d", **kwargs)
   state = parallel.replicate_workers(tx.init({"g": jnp.zeros((n,), jnp.float32)}), nproc)
   specs = parallel.worker_specs(state, "d")
 
@@ -88,6 +134,24 @@ def _words_to_int(words) -> int:
   return hi * 2**32 + lo
 
 
+def _time_method(method, n, mesh, g, args) -> dict:
+  """One method at one size: ``--warmup`` untimed calls, then ``--trials`` timed ones."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  step, state = _build(method, n, mesh)
+  for _ in range(args.warmup):
+    upd, wire, state = step(g, state)
+    jax.block_until_ready(upd)
+  times = []
+  for _ in range(args.trials):
+    t0 = time.perf_counter()
+    upd, wire, state = step(g, state)
+    jax.block_until_ready(upd)
+    times.append(time.perf_counter() - t0)
+  return {"method": method, "n": n, "median_s": statistics.median(times), "min_s": min(times),
+          "times_s": times, "bytes_on_wire": _words_to_int(np.asarray(wire.addressable_data(0))[0])}
+
+
 def worker(args) -> int:
   """One process: time each method's exchange; rank 0 prints the JSON document."""
   from experiments import distributed  # pylint: disable=g-import-not-at-top
@@ -102,29 +166,19 @@ def worker(args) -> int:
                      "(XLA_FLAGS)")
   rank = jax.process_index()
   mesh = jax.make_mesh((jax.device_count(),), ("d",), axis_types=(jax.sharding.AxisType.Auto,))
-  local = np.random.default_rng(rank).standard_normal((1, args.n), dtype=np.float32)
-  g = jax.make_array_from_process_local_data(NamedSharding(mesh, P("d")), local)
   results = []
-  for method in args.methods.split(","):
-    step, state = _build(method, args.n, mesh)
-    for _ in range(args.warmup):
-      upd, wire, state = step(g, state)
-      jax.block_until_ready(upd)
-    times = []
-    for _ in range(args.trials):
-      t0 = time.perf_counter()
-      upd, wire, state = step(g, state)
-      jax.block_until_ready(upd)
-      times.append(time.perf_counter() - t0)
-    results.append({"method": method, "median_s": statistics.median(times), "min_s": min(times),
-                    "times_s": times,
-                    "bytes_on_wire": _words_to_int(np.asarray(wire.addressable_data(0))[0])})
-    if rank == 0:
-      print(f"{method}: median {results[-1]['median_s']:.3f} s over {args.trials} calls, "
-            f"{results[-1]['bytes_on_wire']:,} bytes on the wire per worker", flush=True)
+  for n in args.n:
+    local = np.random.default_rng(rank).standard_normal((1, n), dtype=np.float32)
+    g = jax.make_array_from_process_local_data(NamedSharding(mesh, P("d")), local)
+    for method in args.methods.split(","):
+      results.append(_time_method(method, n, mesh, g, args))
+      if rank == 0:
+        r = results[-1]
+        print(f"n={n:,} {method}: median {r['median_s']:.3f} s over {args.trials} calls, "
+              f"{r['bytes_on_wire']:,} bytes on the wire per worker", flush=True)
   if rank == 0:
     doc = {"benchmark": "link", "processes": jax.process_count(),
-           "link": os.environ.get("JAXCOMP_LINK", "loopback (not shaped)"), "n": args.n,
+           "link": os.environ.get("JAXCOMP_LINK", "loopback (not shaped)"),
            "trials": args.trials, "warmup": args.warmup, "jax": jax.__version__,
            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs", "results": results}
     text = json.dumps(doc, indent=1)
@@ -136,9 +190,84 @@ def worker(args) -> int:
   return 0
 
 
+def _rows(docs):
+  """Table rows ``(processes, link, n, method, median_s, bytes, speedup, wire_ratio)``."""
+  rows = []
+  for doc in docs:
+    by_n = {}
+    for r in doc["results"]:
+      by_n.setdefault(r["n"], []).append(r)
+    for n, results in sorted(by_n.items()):
+      base = next((r for r in results if r["method"] == "none"), None)
+      for r in results:
+        speedup = base["median_s"] / r["median_s"] if base else None
+        ratio = base["bytes_on_wire"] / r["bytes_on_wire"] if base else None
+        rows.append((doc["processes"], doc["link"], n, r["method"], r["median_s"], r["bytes_on_wire"],
+                     speedup, ratio))
+  return rows
+
+
+def report(paths, plot=None) -> int:
+  """Prints the documents at ``paths`` as one Markdown table; with ``plot``, draws the speedups."""
+  docs = []
+  for path in paths:
+    with open(path) as f:
+      docs.append(json.load(f))
+  rows = _rows(docs)
+  fmt = lambda v, spec: "" if v is None else format(v, spec)
+  print("| processes | link | n | method | median s | bytes on the wire | speedup | wire ratio | speedup / wire ratio |")
+  print("|---:|---|---:|---|---:|---:|---:|---:|---:|")
+  for p, link, n, method, t, b, sp, ratio in rows:
+    eff = sp / ratio if sp is not None and method != "none" else None
+    print(f"| {p} | {link} | {n:,} | `{method}` | {t:.3f} | {b:,} | {fmt(sp, '.2f')} | "
+          f"{fmt(ratio, '.1f')} | {fmt(eff, '.2f')} |")
+  if plot:
+    _plot(rows, plot)
+  return 0
+
+
+def _plot(rows, path) -> None:
+  """One panel per (processes, link): speedup over float per method, a bar per size, the wire ratio as a tick."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  panels = sorted({(r[0], r[1]) for r in rows}, key=lambda k: (k[0], _rate(k[1])))
+  methods = [m for m in dict.fromkeys(r[3] for r in rows) if m != "none"]
+  sizes = sorted({r[2] for r in rows})
+  fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4.2), sharey=True, squeeze=False)
+  width = 0.8 / len(sizes)
+  for ax, (p, link) in zip(axes[0], panels):
+    for j, n in enumerate(sizes):
+      cell = {r[3]: r for r in rows if (r[0], r[1], r[2]) == (p, link, n) and r[6] is not None}
+      xs = [i + (j - (len(sizes) - 1) / 2) * width for i, m in enumerate(methods) if m in cell]
+      ax.bar(xs, [cell[m][6] for m in methods if m in cell], width, label=f"n = {n:,}")
+      ax.scatter(xs, [cell[m][7] for m in methods if m in cell], marker="_", color="k", s=80, zorder=3)
+    ax.set_title(f"{p} processes, {link}")
+    ax.set_xticks(range(len(methods)), [m.replace(":", "\n") for m in methods], rotation=60,
+                  ha="right", fontsize=7)
+    ax.set_yscale("log")
+    ax.grid(axis="y", alpha=0.3)
+  axes[0][0].set_ylabel("speedup over float pmean (tick: wire ratio)")
+  axes[0][0].legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+
+
+def _rate(link: str) -> float:
+  """A link's rate in bit/s for sorting (loopback first)."""
+  rate = link.split(",")[0]
+  units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
+  for unit, scale in units.items():
+    if rate.endswith(unit):
+      return float(rate[: -len(unit)]) * scale
+  return 0.0
+
+
 def main(argv=None) -> int:
   argv = sys.argv[1:] if argv is None else list(argv)
   args = _parse(argv)
+  if args.report:
+    return report(args.report, args.plot)
   return worker(args) if args.worker else launch_self(args, argv)
 
 

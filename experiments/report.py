@@ -34,7 +34,7 @@ FLAGS = flags.FLAGS
 # are read from 3LC-T1's runs). An optional RENDER_WITHOUT_RUNS lists experiment
 # ids whose renderer is called (with {}) even when they have no runs, e.g. to
 # say that a run needs data this machine lacks and which command would run it.
-RENDERER_MODULES = ("terngrad", "threelc", "qsgd", "dryden")
+RENDERER_MODULES = ("terngrad", "threelc", "links", "qsgd", "dryden")
 
 
 def _modules() -> list:

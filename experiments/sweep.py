@@ -12,7 +12,11 @@ process, with the config file and argument given here and ``--config.KEY=VALUE``
 for each override, in ``ROOT/<experiment>/<dataset>/<name>``. An entry may be
 ``(name, overrides, entry_arg)`` to run with the config argument ``entry_arg``
 instead, for settings a flag cannot express (e.g. a ``None`` inside
-``compressor_kwargs``: TernGrad without clipping). The command is
+``compressor_kwargs``: TernGrad without clipping), and
+``(name, overrides, entry_arg, launch)`` to run it in several processes:
+``launch`` is ``{"processes": P, "link": RATE}`` (link optional) and the run
+goes through ``python -m experiments.launch --processes P [--link RATE] --``
+(``--link`` needs root). The command is
 saved as ``command.txt`` beside the run's metrics, so any cell can be re-run by
 hand.
 
@@ -76,15 +80,28 @@ def plan(config_arg: str, root: str) -> list[dict[str, Any]]:
     raise ValueError(f"{path} defines no get_sweep(arg); it has no grid to run.")
   base = module.get_config(arg or None)
   runs = []
-  for name, overrides, *entry_arg in module.get_sweep(arg or None):
+  for name, overrides, *rest in module.get_sweep(arg or None):
+    entry_arg, launch = (list(rest) + [None, None])[:2]
     workdir = os.path.join(root, base.experiment, base.dataset, name)
-    run_arg = f"{path}:{entry_arg[0]}" if entry_arg and entry_arg[0] else config_arg
-    cmd = [sys.executable, "-m", "experiments.train", "--config", run_arg, "--workdir", workdir]
+    run_arg = f"{path}:{entry_arg}" if entry_arg else config_arg
+    cmd = [sys.executable] + launcher(launch) + ["-m", "experiments.train", "--config", run_arg,
+                                                 "--workdir", workdir]
     cmd += [f"--config.{k}={format_value(v)}" for k, v in overrides.items()]
     state = ("done" if os.path.exists(os.path.join(workdir, "summary.json"))
              else "partial" if os.path.exists(os.path.join(workdir, "metrics.csv")) else "todo")
     runs.append(dict(name=name, workdir=workdir, overrides=overrides, cmd=cmd, state=state))
   return runs
+
+
+def launcher(launch: dict[str, Any] | None) -> list[str]:
+  """The ``-m experiments.launch ... --`` prefix of a run in several processes (none for one)."""
+  if not launch:
+    return []
+  unknown = set(launch) - {"processes", "link"}
+  if unknown or "processes" not in launch:
+    raise ValueError(f"a sweep entry's launch is {{'processes': P, 'link': RATE}}; got {launch!r}")
+  link = ["--link", str(launch["link"])] if launch.get("link") else []
+  return ["-m", "experiments.launch", "--processes", str(launch["processes"])] + link + ["--"]
 
 
 def _matches(overrides: dict[str, Any], only: list[str]) -> bool:

@@ -106,6 +106,8 @@ CSV_DOC = {
     "bn_stats_bytes": "bytes of batch-norm statistics exchanged per step",
     "steps_per_sec": "training steps per second over the interval (wall clock)",
     "wall_time": "seconds since training started",
+    "train_time": "seconds spent in training steps since training started: evaluations, "
+                  "checkpoints and the first step of each invocation (it compiles) excluded",
 }
 
 
@@ -754,6 +756,7 @@ class End(NamedTuple):
   history: list[dict[str, float]]  # every train row
   last_eval: dict[str, float]  # the last evaluation ({} if none)
   wall_time: float  # seconds since the run (not this invocation) started
+  train_time: float  # seconds of it spent in training steps (CSV_DOC["train_time"])
 
 
 def loop(run: Run, start: Start, stop_after_steps: Optional[int] = None) -> End:
@@ -774,19 +777,27 @@ def loop(run: Run, start: Start, stop_after_steps: Optional[int] = None) -> End:
     images, labels = run.shard_batch(next(train_iter))
     key = np.asarray(jax.random.fold_in(run.step_root, step))  # host value: the same in every process
     state, metrics = run.train_step(state, images, labels, key)
+    if step == start.step + 1:
+      log.exclude(state)  # the first step compiles: not training time
     final = step == c.num_train_steps
     checkpoint_now = run.checkpointer is not None and (step % c.checkpoint_every == 0 or final)
     # A train row closes at every checkpoint too, so a resumed run writes the same rows.
     log.train(step, metrics, close=step % c.log_every == 0 or final or checkpoint_now)
-    if (c.eval_every and step % c.eval_every == 0) or final:
+    evaluate_now = (c.eval_every and step % c.eval_every == 0) or final
+    if evaluate_now or checkpoint_now:
+      log.pause(state)
+    if evaluate_now:
       last_eval = log.test(step, evaluate(run.eval_step, run.eval_params(state), state.batch_stats,
                                           run.eval_pipeline))
     if checkpoint_now:
       run.checkpointer.save(step, state)
+    if evaluate_now or checkpoint_now:
+      log.resume()
+  log.pause(state)
   log.close()
   if run.checkpointer is not None:
     run.checkpointer.close()
-  return End(state, step, log.history, last_eval, log.elapsed())
+  return End(state, step, log.history, last_eval, log.elapsed(), log.train_time())
 
 
 class _Log:
@@ -806,10 +817,30 @@ class _Log:
       self.bar.update(start.step)
     self.t_start = time.time() - (self.history[-1]["wall_time"] if self.history else 0.0)
     self.t_interval = time.time()
+    # Training time: accumulated while training runs (t_mark is not None), from the
+    # last train row on (a resumed run continues its count).
+    self.trained = self.history[-1].get("train_time", 0.0) if self.history else 0.0
+    self.t_mark: Optional[float] = time.time()
     self.pending: list[dict[str, jax.Array]] = []
 
   def elapsed(self) -> float:
     return time.time() - self.t_start
+
+  def train_time(self) -> float:
+    return self.trained + (time.time() - self.t_mark if self.t_mark is not None else 0.0)
+
+  def pause(self, state) -> None:
+    """Stops the training clock once the steps dispatched so far have run."""
+    jax.block_until_ready(state)
+    self.trained, self.t_mark = self.train_time(), None
+
+  def resume(self) -> None:
+    self.t_mark = time.time()
+
+  def exclude(self, state) -> None:
+    """Drops the time until ``state`` is ready from the training clock (a compiling step)."""
+    jax.block_until_ready(state)
+    self.t_mark = time.time()
 
   def train(self, step: int, metrics: dict[str, jax.Array], close: bool) -> None:
     """Adds a step's metrics; ``close``: writes the interval's means as a train row."""
@@ -821,7 +852,7 @@ class _Log:
       lr_step = int((step - 1) * updates_per_step(self.run.config))
       row.update(step=step, split="train", learning_rate=float(self.run.schedule(lr_step)),
                  steps_per_sec=len(fetched) / max(now - self.t_interval, 1e-9),
-                 wall_time=now - self.t_start)
+                 wall_time=now - self.t_start, train_time=self.train_time())
       if not math.isfinite(row["loss"]):
         logging.warning("step %d: the training loss is %s", step, row["loss"])
       self._write(row)
@@ -836,7 +867,7 @@ class _Log:
   def test(self, step: int, res: dict[str, float]) -> dict[str, float]:
     """Writes an evaluation's row; returns it with its step."""
     self._write({"step": step, "split": "test", "loss": res["loss"], "accuracy": res["accuracy"],
-                 "wall_time": self.elapsed()})
+                 "wall_time": self.elapsed(), "train_time": self.train_time()})
     logging.info("step %d: test accuracy %.4f, test loss %.4f", step, res["accuracy"], res["loss"])
     return dict(res, step=step)
 
@@ -900,6 +931,7 @@ def _summary(run: Run, start: Start, end: End, timing: dict[str, float]) -> dict
       "mean_encoded_bytes": mean("encoded_bytes"),
       "final_train_loss": last_train.get("loss"),
       "wall_time_sec": end.wall_time,
+      "train_time_sec": end.train_time,
       "steps_per_sec": mean("steps_per_sec"),
       **timing,
       "resumed_from_step": start.step or None,

@@ -291,10 +291,11 @@ def all_to_all(tree: Any, axis_name: parallel.AxisName) -> Any:
 
   def exchange(a):
     rest = a.shape[1:]
-    a = a.reshape(sizes + rest)
+    a = a.reshape(sizes + (-1,))
     for i, n in enumerate(names):
       if parallel._is_device_axis(n):  # pylint: disable=protected-access
-        a = lax.all_to_all(a, n, split_axis=i, concat_axis=i, tiled=True)
+        one = lambda piece, i=i, n=n: lax.all_to_all(piece, n, split_axis=i, concat_axis=i, tiled=True)
+        a = parallel.in_pieces(one, a, a.nbytes // sizes[i])
       else:
         # A vmap axis of simulated workers: gather (free under vmap: the
         # workers' values are already stacked) and take this worker's slot.

@@ -97,7 +97,7 @@ def summaries(log):
 
 
 def metric_rows(workdir):
-  drop = {"wall_time", "steps_per_sec"}
+  drop = {"wall_time", "steps_per_sec", "train_time"}
   return [{k: v for k, v in r.items() if k not in drop}
           for r in csv.DictReader(open(os.path.join(str(workdir), "metrics.csv")))]
 

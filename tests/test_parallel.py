@@ -127,3 +127,23 @@ def test_reductions_match_lax_under_vmap_and_devices():
   x = jax.random.normal(jax.random.PRNGKey(0), (8, 5))
   f = jax.shard_map(lambda a: parallel.pmean(a[0], "d"), mesh=_mesh(8), in_specs=P("d"), out_specs=P())
   np.testing.assert_allclose(jax.jit(f)(x), x.mean(0), rtol=1e-6)
+
+
+@pytest.mark.parametrize("exchange", ["all_gather", "two_phase"])
+def test_collectives_in_pieces_give_the_same_numbers(monkeypatch, exchange):
+  # On CPU the device collectives go in pieces of at most PIECE_BYTES; with a
+  # tiny PIECE_BYTES every payload here is split into many pieces, and the
+  # devices' result must equal the vmap layout's (which never splits).
+  monkeypatch.setattr(parallel, "PIECE_BYTES", 16)
+  assert parallel.pieces_for(100) == 7 and parallel.pieces_for(16) == 1
+  make_tx = lambda axis: jaxcomp.terngrad(axis_name=axis, exchange=exchange, min_size=64)
+  params = jax.tree.map(lambda g: g[0], _grads(0))
+  runners = make_runners(make_tx, N)
+  results = {}
+  for layout in ("vmap", "shard_map", "shard_map+vmap"):
+    state = init_state(make_tx, params, N)
+    upd, state = runners[layout](_grads(0), state)
+    results[layout] = upd
+  for layout in ("shard_map", "shard_map+vmap"):
+    jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-6, rtol=0, err_msg=layout),
+                 results["vmap"], results[layout])

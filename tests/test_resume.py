@@ -34,7 +34,7 @@ def _final_state(workdir):
 
 
 def _rows(workdir):
-  drop = {"wall_time", "steps_per_sec"}
+  drop = {"wall_time", "steps_per_sec", "train_time"}
   return [{k: v for k, v in r.items() if k not in drop} for r in csv.DictReader(open(workdir / "metrics.csv"))]
 
 
