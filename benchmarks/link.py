@@ -152,6 +152,23 @@ def _time_method(method, n, mesh, g, args) -> dict:
           "times_s": times, "bytes_on_wire": _words_to_int(np.asarray(wire.addressable_data(0))[0])}
 
 
+def _latency(mesh, calls: int = 30) -> float:
+  """α: the median time of a jitted all-reduce of one float32 across the processes."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from jax.sharding import NamedSharding, PartitionSpec as P  # pylint: disable=g-import-not-at-top
+  f = jax.jit(jax.shard_map(lambda x: jax.lax.psum(x, "d"), mesh=mesh, in_specs=P("d"),
+                            out_specs=P()))
+  x = jax.device_put(jnp.ones((mesh.devices.size,), jnp.float32), NamedSharding(mesh, P("d")))
+  jax.block_until_ready(f(x))
+  times = []
+  for _ in range(calls):
+    t0 = time.perf_counter()
+    jax.block_until_ready(f(x))
+    times.append(time.perf_counter() - t0)
+  return statistics.median(times)
+
+
 def worker(args) -> int:
   """One process: time each method's exchange; rank 0 prints the JSON document."""
   from experiments import distributed  # pylint: disable=g-import-not-at-top
@@ -166,6 +183,7 @@ def worker(args) -> int:
                      "(XLA_FLAGS)")
   rank = jax.process_index()
   mesh = jax.make_mesh((jax.device_count(),), ("d",), axis_types=(jax.sharding.AxisType.Auto,))
+  latency = _latency(mesh)
   results = []
   for n in args.n:
     local = np.random.default_rng(rank).standard_normal((1, n), dtype=np.float32)
@@ -178,7 +196,7 @@ def worker(args) -> int:
               f"{r['bytes_on_wire']:,} bytes on the wire per worker", flush=True)
   if rank == 0:
     doc = {"benchmark": "link", "processes": jax.process_count(),
-           "link": os.environ.get("JAXCOMP_LINK", "loopback (not shaped)"),
+           "link": os.environ.get("JAXCOMP_LINK", "loopback (not shaped)"), "latency_s": latency,
            "trials": args.trials, "warmup": args.warmup, "jax": jax.__version__,
            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs", "results": results}
     text = json.dumps(doc, indent=1)
@@ -190,8 +208,36 @@ def worker(args) -> int:
   return 0
 
 
-def _rows(docs):
-  """Table rows ``(processes, link, n, method, median_s, bytes, speedup, wire_ratio)``."""
+def bench_compressor(name: str, kwargs: dict):
+  """The Compressor that registry factory ``name`` builds with ``kwargs``."""
+  from benchmarks import compressors as bench  # pylint: disable=g-import-not-at-top
+  return bench.compressor_of(name, **kwargs)
+
+
+def modelled_seconds(method: str, n: int, processes: int, link: str, latency: float):
+  """``jaxcomp.perfmodel``'s time for one exchange (``None`` on an unshaped link).
+
+  The α-β model of :func:`jaxcomp.perfmodel.exchange_costs` with ``B`` the
+  link's RATE (in bytes/s) and ``α`` the measured latency of a one-value
+  all-reduce; float for ``none``, else the method's exchange.
+  """
+  from jaxcomp import perfmodel  # pylint: disable=g-import-not-at-top
+  from jaxcomp import two_phase  # pylint: disable=g-import-not-at-top
+  rate = rate_bits_per_second(link)
+  if not rate:
+    return None
+  name, kwargs = method_spec(method)
+  exchange = kwargs.pop("exchange", "all_gather")
+  compressor = None if name == "none" else bench_compressor(name, kwargs)
+  costs = perfmodel.exchange_costs(compressor, n, processes, rate / 8, latency)
+  if compressor is None:
+    return costs["float"].seconds
+  used = two_phase.choose(compressor, n, processes, exchange)
+  return (costs[used] or costs["all_gather"]).seconds
+
+
+def table_rows(docs):
+  """Table rows ``(processes, link, n, method, median_s, bytes, speedup, wire_ratio, modelled_s)``."""
   rows = []
   for doc in docs:
     by_n = {}
@@ -202,8 +248,9 @@ def _rows(docs):
       for r in results:
         speedup = base["median_s"] / r["median_s"] if base else None
         ratio = base["bytes_on_wire"] / r["bytes_on_wire"] if base else None
+        model = modelled_seconds(r["method"], n, doc["processes"], doc["link"], doc.get("latency_s", 0.0))
         rows.append((doc["processes"], doc["link"], n, r["method"], r["median_s"], r["bytes_on_wire"],
-                     speedup, ratio))
+                     speedup, ratio, model))
   return rows
 
 
@@ -213,14 +260,16 @@ def report(paths, plot=None) -> int:
   for path in paths:
     with open(path) as f:
       docs.append(json.load(f))
-  rows = _rows(docs)
+  rows = table_rows(docs)
   fmt = lambda v, spec: "" if v is None else format(v, spec)
-  print("| processes | link | n | method | median s | bytes on the wire | speedup | wire ratio | speedup / wire ratio |")
-  print("|---:|---|---:|---|---:|---:|---:|---:|---:|")
-  for p, link, n, method, t, b, sp, ratio in rows:
+  print("| processes | link | n | method | median s | bytes on the wire | speedup | wire ratio "
+        "| speedup / wire ratio | modelled s | measured / modelled |")
+  print("|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+  for p, link, n, method, t, b, sp, ratio, model in rows:
     eff = sp / ratio if sp is not None and method != "none" else None
     print(f"| {p} | {link} | {n:,} | `{method}` | {t:.3f} | {b:,} | {fmt(sp, '.2f')} | "
-          f"{fmt(ratio, '.1f')} | {fmt(eff, '.2f')} |")
+          f"{fmt(ratio, '.1f')} | {fmt(eff, '.2f')} | {fmt(model, '.3f')} | "
+          f"{fmt(t / model if model else None, '.2f')} |")
   if plot:
     _plot(rows, plot)
   return 0
@@ -231,7 +280,7 @@ def _plot(rows, path) -> None:
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  panels = sorted({(r[0], r[1]) for r in rows}, key=lambda k: (k[0], _rate(k[1])))
+  panels = sorted({(r[0], r[1]) for r in rows}, key=lambda k: (k[0], rate_bits_per_second(k[1])))
   methods = [m for m in dict.fromkeys(r[3] for r in rows) if m != "none"]
   sizes = sorted({r[2] for r in rows})
   fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4.2), sharey=True, squeeze=False)
@@ -253,7 +302,7 @@ def _plot(rows, path) -> None:
   fig.savefig(path, dpi=110)
 
 
-def _rate(link: str) -> float:
+def rate_bits_per_second(link: str) -> float:
   """A link's rate in bit/s for sorting (loopback first)."""
   rate = link.split(",")[0]
   units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}

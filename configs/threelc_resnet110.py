@@ -9,8 +9,9 @@ worker count" (§4.3, after Goyal et al. 2017): we scale both ends by N = 10,
 compressed (§4.2) and "one worker [is] responsible for updating batch
 normalization parameters" (§4.3): the running statistics are worker 0's
 (``batch_norm_stats="worker0"``). The paper also compresses the servers' model
-pulls; jaxcomp compresses the gradient exchange only (every worker computes
-the average), so only pushes are measured here.
+pulls; these runs use the all-gather exchange (every worker computes the
+average), so only pushes are compressed and measured here. The two-phase
+exchange compresses both (``configs/two_phase_training.py:resnet``).
 
 The designs of §4.2 (the sweep, one run each; names as in ``runs/``):
 
@@ -30,8 +31,9 @@ The designs of §4.2 (the sweep, one run each; names as in ``runs/``):
   3lc_s1.90              3LC, s = 1.90                                           93.10     -0.27
   =====================  ======================================================  ========  ==========
 
-Table 1's speedups (10 Mbps / 100 Mbps / 1 Gbps) are in :data:`PAPER`; they
-need a bandwidth-limited cluster and are not reproduced. (Table 1's rows, whose
+Table 1's speedups (10 Mbps / 100 Mbps / 1 Gbps) are in :data:`PAPER`;
+``configs/threelc_link.py`` measures them at reduced scale over emulated links
+(3LC-T1-link). (Table 1's rows, whose
 differences add up, give 93.29 for s = 1.50 and 93.51 for s = 1.75.)
 
 3LC-T2 (Table 2) and 3LC-F6 (Fig. 6) come from the same 3LC runs: every
@@ -112,7 +114,7 @@ PAPER = {
         "sparsify_5pct": 92.87, "local_steps_2": 93.03,
         "3lc_s1.00": 93.32, "3lc_s1.50": 93.29, "3lc_s1.75": 93.51, "3lc_s1.90": 93.10,
     },
-    # Table 1: speedup over 32-bit float at 10 Mbps / 100 Mbps / 1 Gbps (not reproduced here).
+    # Table 1: speedup over 32-bit float at 10 Mbps / 100 Mbps / 1 Gbps (configs/threelc_link.py).
     "speedup": {
         "float32": (1, 1, 1), "int8": (3.62, 3.47, 1.51), "stoch_3value_b35": (12.3, 7.51, 1.53),
         "mqe_1bit": (14.6, 7.40, 1.30), "sparsify_5pct": (8.98, 6.62, 1.44),

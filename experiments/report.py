@@ -34,7 +34,11 @@ FLAGS = flags.FLAGS
 # are read from 3LC-T1's runs). An optional RENDER_WITHOUT_RUNS lists experiment
 # ids whose renderer is called (with {}) even when they have no runs, e.g. to
 # say that a run needs data this machine lacks and which command would run it.
-RENDERER_MODULES = ("terngrad", "threelc", "links", "qsgd", "dryden")
+# An optional WIDE_RENDERERS maps an experiment id to render(root, runs, out_path,
+# img_dir) -> lines, for sections that read more than one experiment's runs (all
+# of load_runs(root)) or other files under the root; it is called when it
+# returns lines.
+RENDERER_MODULES = ("terngrad", "threelc", "links", "two_phase", "qsgd", "dryden")
 
 
 def _modules() -> list:
@@ -53,6 +57,13 @@ def renderers() -> dict[str, Callable]:
   out: dict[str, Callable] = {}
   for module in _modules():
     out.update(module.RENDERERS)
+  return out
+
+
+def wide_renderers() -> dict[str, Callable]:
+  out: dict[str, Callable] = {}
+  for module in _modules():
+    out.update(getattr(module, "WIDE_RENDERERS", {}))
   return out
 
 
@@ -91,6 +102,8 @@ def build(root: str, out_path: str) -> str:
   for exp_id, render in table.items():
     if source.get(exp_id, exp_id) in runs or exp_id in always:
       lines += render(runs.get(source.get(exp_id, exp_id), {}), out_path, img_dir)
+  for render in wide_renderers().values():
+    lines += render(root, runs, out_path, img_dir)
   missing = [e for e in table if source.get(e, e) not in runs and e not in always]
   if missing:
     lines += ["## Not run yet", "", ", ".join(missing), ""]

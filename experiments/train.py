@@ -800,6 +800,31 @@ def loop(run: Run, start: Start, stop_after_steps: Optional[int] = None) -> End:
   return End(state, step, log.history, last_eval, log.elapsed(), log.train_time())
 
 
+class TrainClock:
+  """Seconds spent training: a stopwatch that evaluations and checkpoints pause.
+
+  Args:
+    total: seconds already counted (a resumed run's).
+    now: the time source.
+  """
+
+  def __init__(self, total: float = 0.0, now: Callable[[], float] = time.time):
+    self.now, self.counted, self.mark = now, float(total), now()
+
+  def total(self) -> float:
+    return self.counted + (self.now() - self.mark if self.mark is not None else 0.0)
+
+  def pause(self) -> None:
+    self.counted, self.mark = self.total(), None
+
+  def resume(self) -> None:
+    self.mark = self.now()
+
+  def restart(self) -> None:
+    """Drops the time since the last (re)start or resume: it was not training."""
+    self.mark = self.now()
+
+
 class _Log:
   """The rows of ``metrics.csv`` (written by process 0), the progress bar and the history."""
 
@@ -817,30 +842,28 @@ class _Log:
       self.bar.update(start.step)
     self.t_start = time.time() - (self.history[-1]["wall_time"] if self.history else 0.0)
     self.t_interval = time.time()
-    # Training time: accumulated while training runs (t_mark is not None), from the
-    # last train row on (a resumed run continues its count).
-    self.trained = self.history[-1].get("train_time", 0.0) if self.history else 0.0
-    self.t_mark: Optional[float] = time.time()
+    # A resumed run continues the count of its last train row.
+    self.clock = TrainClock(self.history[-1].get("train_time", 0.0) if self.history else 0.0)
     self.pending: list[dict[str, jax.Array]] = []
 
   def elapsed(self) -> float:
     return time.time() - self.t_start
 
   def train_time(self) -> float:
-    return self.trained + (time.time() - self.t_mark if self.t_mark is not None else 0.0)
+    return self.clock.total()
 
   def pause(self, state) -> None:
     """Stops the training clock once the steps dispatched so far have run."""
     jax.block_until_ready(state)
-    self.trained, self.t_mark = self.train_time(), None
+    self.clock.pause()
 
   def resume(self) -> None:
-    self.t_mark = time.time()
+    self.clock.resume()
 
   def exclude(self, state) -> None:
     """Drops the time until ``state`` is ready from the training clock (a compiling step)."""
     jax.block_until_ready(state)
-    self.t_mark = time.time()
+    self.clock.restart()
 
   def train(self, step: int, metrics: dict[str, jax.Array], close: bool) -> None:
     """Adds a step's metrics; ``close``: writes the interval's means as a train row."""

@@ -146,7 +146,8 @@ def plot_accuracy_vs_time(cfg: Any, runs: dict[str, dict], path: str, dataset: s
     ax.set_xlabel("training time (s)")
     ax.grid(alpha=0.3)
   axes[0].set_ylabel("test accuracy (%)")
-  axes[0].legend(fontsize=7)
+  if axes[0].get_legend_handles_labels()[0]:
+    axes[0].legend(fontsize=7)
   fig.suptitle(f"3LC-T1 over emulated links, {cfg.PROCESSES} processes ({dataset})", fontsize=10)
   fig.tight_layout()
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

@@ -1,0 +1,130 @@
+"""The two-phase exchange in the report (this project's addition): training with it, and its model checked.
+
+* TWO-PHASE: ``configs/two_phase_training.py``'s runs
+  (``runs/TWO-PHASE/<dataset>/...``) beside 3LC-T1's committed float and
+  all-gather 3LC runs at the same steps and seed.
+* LINK-MODEL: ``jaxcomp.perfmodel``'s exchange times against the times
+  ``benchmarks/link.py`` measured, from its JSON documents under
+  ``<root>/link/`` (``--json``).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from typing import Any, Optional
+
+from experiments.reports import designs as D
+
+
+def _cfg():
+  from configs import two_phase_training as cfg  # pylint: disable=g-import-not-at-top
+
+  return cfg
+
+
+def _acc(run: Optional[dict[str, Any]]) -> str:
+  return f"{100 * run['summary']['test_accuracy']:.2f}" if run and run["summary"] else "—"
+
+
+def _bytes(run: Optional[dict[str, Any]], key: str = "mean_bytes_on_wire") -> str:
+  s = run["summary"] if run else None
+  return f"{s[key]:,.0f}" if s and s.get(key) is not None else "—"
+
+
+def lenet_lines(cfg: Any, runs: dict[str, dict]) -> list[str]:
+  lines = ["| workers | floating (%) | TernGrad all-gather (%) | TernGrad two-phase (%) | "
+           "two-phase − all-gather (pp) | bytes / worker / step: all-gather | two-phase |",
+           "|---:|---:|---:|---:|---:|---:|---:|"]
+  for n in cfg.LENET_WORKERS:
+    row = {name: runs.get(f"lenet/N{n:02d}/{name}") for name in cfg.LENET_DESIGNS}
+    ag, tp = row["terngrad"], row["terngrad_two_phase"]
+    diff = (f"{100 * (tp['summary']['test_accuracy'] - ag['summary']['test_accuracy']):+.2f}"
+            if ag and tp and ag["summary"] and tp["summary"] else "—")
+    lines.append(f"| {n} | {_acc(row['float'])} | {_acc(ag)} | {_acc(tp)} | {diff} | {_bytes(ag)} | "
+                 f"{_bytes(tp)} |")
+  return lines + [""]
+
+
+def resnet_lines(runs: dict[str, dict], t1: dict[str, dict]) -> list[str]:
+  rows = [("32-bit float (3LC-T1)", t1.get("float32")), ("3LC (s=1.00), all-gather (3LC-T1)", t1.get("3lc_s1.00")),
+          ("3LC (s=1.00), two-phase", runs.get("3lc_s1.00_two_phase"))]
+  lines = ["| design | test acc. (%) | bytes / worker / step | steps |", "|---|---:|---:|---:|"]
+  for label, run in rows:
+    steps = f"{run['summary']['steps']:,}" if run and run["summary"] else "—"
+    lines.append(f"| {label} | {_acc(run)} | {_bytes(run)} | {steps} |")
+  return lines + [""]
+
+
+def render_training(root: str, runs: dict, out_path: str, img_dir: str) -> list[str]:
+  del root, out_path, img_dir
+  cfg = _cfg()
+  mine = runs.get("TWO-PHASE", {})
+  if not mine:
+    return []
+  lines = ["## TWO-PHASE — training with the two-phase exchange (this project's addition)", ""]
+  lines += [
+      "The two-phase exchange (`exchange=\"two_phase\"`) sends each worker's chunk j to worker j "
+      "(compressed all-to-all), which averages its N chunks, re-encodes that shard of the mean and "
+      "all-gathers it, so a worker's bytes stay near 2(N−1)/N of one payload at any N (Dryden et "
+      "al. §3.4; 3LC's compressed pushes and pulls). The second quantization adds error: unbiased "
+      "for TernGrad (fresh keys), kept in a second residual for 3LC. Same steps and seed in every "
+      "row; `configs/two_phase_training.py`. *Bytes*: per worker per step, averaged over the run "
+      "(`jaxcomp.metrics`).",
+      ""]
+  for dataset, by_name in sorted(mine.items()):
+    done = {k: v for k, v in by_name.items() if v["summary"]}
+    lenet = {k: v for k, v in done.items() if k.startswith("lenet/")}
+    if lenet:
+      any_run = next(iter(lenet.values()))["summary"]
+      lines += [f"### LeNet, TG-F3 settings, {dataset}", "",
+                f"REDUCED: {any_run['steps']:,} steps (TG-F3: 10,000), total batch 64, momentum, "
+                "TernGrad with 2.5σ clipping, parameter EMA evaluated.", ""]
+      lines += lenet_lines(cfg, lenet)
+    resnet = {k: v for k, v in done.items() if not k.startswith("lenet/")}
+    if resnet:
+      t1 = runs.get("3LC-T1", {}).get(dataset, {})
+      lines += [f"### ResNet-8, reduced 3LC-T1 settings, {dataset}", "",
+                "REDUCED as 3LC-T1's committed runs (ResNet-8, 10 workers x 32, 200 steps); the "
+                "float and all-gather rows are those runs.", ""]
+      lines += resnet_lines(resnet, t1)
+  return lines
+
+
+def link_docs(root: str) -> list[dict[str, Any]]:
+  out = []
+  for path in sorted(glob.glob(os.path.join(root, "link", "*.json"))):
+    with open(path) as f:
+      out.append(json.load(f))
+  return out
+
+
+def render_model_check(root: str, runs: dict, out_path: str, img_dir: str) -> list[str]:
+  """Modelled against measured exchange times, for n >= 1M on shaped links."""
+  del runs, out_path, img_dir
+  from benchmarks import link  # pylint: disable=g-import-not-at-top
+
+  docs = [d for d in link_docs(root) if link.rate_bits_per_second(d["link"])]
+  if not docs:
+    return []
+  rows = [r for r in link.table_rows(docs) if r[2] >= 1_000_000 and r[8]]
+  lines = ["## LINK-MODEL — the exchange model against measured times (this project's addition)", "",
+           "`jaxcomp.perfmodel.exchange_costs` (α-β: float ring all-reduce, compressed all-gather, "
+           "two-phase; B = the link's rate, α = the measured time of a one-value all-reduce) "
+           "against one jitted `tx.update` measured by `benchmarks/link.py` (median; documents under "
+           "`runs/link/`, command in docs/benchmarks.md). The model counts wire bytes and latency "
+           "only: encoding, decoding and averaging are not modelled, nor the TCP/IP and Ethernet "
+           "headers (about 4 % of a full frame).", "",
+           "| processes | link | n | method | measured s | modelled s | measured / modelled |",
+           "|---:|---|---:|---|---:|---:|---:|"]
+  within = 0
+  for p, rate, n, method, t, _, _, _, model in rows:
+    within += abs(t / model - 1) <= 0.25
+    lines.append(f"| {p} | {rate} | {n:,} | `{method}` | {t:.3f} | {model:.3f} | {t / model:.2f} |")
+  lines += ["", f"Within 25 %: {within} of {len(rows)} cells.", ""]
+  return lines
+
+
+RENDERERS: dict = {}
+WIDE_RENDERERS = {"TWO-PHASE": render_training, "LINK-MODEL": render_model_check}

@@ -1,0 +1,108 @@
+"""The tools around emulated links: benchmarks.link's method grammar, report and model, sweeps
+in several processes, the train clock, and the configs that use them."""
+
+import json
+
+import pytest
+
+from benchmarks import link
+from experiments import sweep
+from experiments import train
+from jaxcomp import perfmodel
+
+
+def test_method_spec_parses_arguments_and_rejects_bad_ones():
+  assert link.method_spec("terngrad") == ("terngrad", {})
+  assert link.method_spec("threelc:sparsity=1.75:capacity=0.5") == ("threelc", {"sparsity": 1.75, "capacity": 0.5})
+  assert link.method_spec("qsgd:exchange=two_phase") == ("qsgd", {"exchange": "two_phase"})
+  with pytest.raises(ValueError, match="unknown method 'nope'"):
+    link.method_spec("nope")
+  with pytest.raises(ValueError, match="key=value expected"):
+    link.method_spec("terngrad:clip")
+  with pytest.raises(SystemExit):  # argparse's error for a bad --methods, before anything starts
+    link.main(["--methods", "terngrad,nope"])
+
+
+def test_rates_parse_in_tc_units():
+  assert link.rate_bits_per_second("100mbit") == 1e8
+  assert link.rate_bits_per_second("1gbit,5ms") == 1e9
+  assert link.rate_bits_per_second("loopback (not shaped)") == 0.0
+
+
+def _doc(processes, link_name, results, latency=2e-4):
+  return {"benchmark": "link", "processes": processes, "link": link_name, "latency_s": latency,
+          "results": [dict(zip(("method", "n", "median_s", "bytes_on_wire"), r)) for r in results]}
+
+
+def test_table_rows_give_speedups_wire_ratios_and_the_model():
+  doc = _doc(2, "100mbit", [("none", 8_000_000, 2.7, 32_000_000), ("terngrad", 8_000_000, 0.2, 2_000_009)])
+  (none, tern) = link.table_rows([doc])
+  assert none[6] == 1.0 and none[7] == 1.0
+  assert tern[6] == pytest.approx(13.5) and tern[7] == pytest.approx(32_000_000 / 2_000_009)
+  # float at 2 processes: a ring all-reduce moves 2(N-1)/N * 4n bytes in 2(N-1) steps
+  assert none[8] == pytest.approx(2 * 2e-4 + 32_000_000 / (1e8 / 8))
+  expected = perfmodel.all_gather_cost(link.bench_compressor("terngrad", {}), 8_000_000, 2, 1e8 / 8, 2e-4)
+  assert tern[8] == pytest.approx(expected.seconds)
+  assert link.table_rows([_doc(2, "loopback (not shaped)", [("none", 10, 1.0, 40)])])[0][8] is None
+
+
+def test_report_prints_a_table_and_draws(tmp_path, capsys):
+  doc = _doc(4, "10mbit", [("none", 431_000, 1.4, 1_724_000), ("terngrad", 431_000, 0.2, 107_759),
+                           ("terngrad:exchange=two_phase", 431_000, 0.15, 161_661)])
+  path = tmp_path / "doc.json"
+  path.write_text(json.dumps(doc))
+  assert link.main(["--report", str(path), "--plot", str(tmp_path / "p.png")]) == 0
+  out = capsys.readouterr().out.splitlines()
+  assert out[0].startswith("| processes | link | n | method | median s")
+  assert "| 4 | 10mbit | 431,000 | `terngrad` | 0.200 | 107,759 | 7.00 | 16.0 | 0.44 |" in out[3]
+  assert (tmp_path / "p.png").stat().st_size > 10_000
+
+
+def test_sweep_runs_an_entry_under_the_launcher():
+  assert sweep.launcher(None) == []
+  assert sweep.launcher({"processes": 4, "link": "10mbit"}) == [
+      "-m", "experiments.launch", "--processes", "4", "--link", "10mbit", "--"]
+  assert sweep.launcher({"processes": 2}) == ["-m", "experiments.launch", "--processes", "2", "--"]
+  with pytest.raises(ValueError, match="launch"):
+    sweep.launcher({"procs": 2})
+
+
+def test_link_sweep_plans_every_design_over_every_link(tmp_path):
+  from configs import threelc_link as cfg
+  runs = sweep.plan("configs/threelc_link.py", str(tmp_path))
+  assert len(runs) == len(cfg.LINKS) * len(cfg.DESIGNS) == 15
+  for r in runs:
+    link_rate = r["name"].split("_")[0]
+    assert link_rate in cfg.LINKS
+    i = r["cmd"].index("--")
+    assert r["cmd"][1:i] == ["-m", "experiments.launch", "--processes", "4", "--link", link_rate]
+    assert r["cmd"][i + 1:i + 3] == ["-m", "experiments.train"]
+  c = cfg.get_config()
+  assert (c.workers, c.max_devices, c.batch_size) == (4, 1, 128)
+  assert 0 < c.target_accuracy < 1 and c.num_train_steps % c.eval_every == 0
+
+
+def test_two_phase_training_sweeps():
+  lenet = sweep.plan("configs/two_phase_training.py", "/tmp/unused")
+  assert [r["name"] for r in lenet] == [f"lenet/N{n:02d}/{d}" for n in (8, 64)
+                                        for d in ("float", "terngrad", "terngrad_two_phase")]
+  two = [r for r in lenet if r["name"].endswith("two_phase")]
+  assert all(r["overrides"]["compressor_kwargs"] == {"clip_sigma": 2.5, "exchange": "two_phase"} for r in two)
+  (resnet,) = sweep.plan("configs/two_phase_training.py:resnet", "/tmp/unused")
+  assert resnet["overrides"]["compressor_kwargs"]["exchange"] == "two_phase"
+  assert "configs/two_phase_training.py:resnet" in resnet["cmd"]
+
+
+def test_train_clock_counts_only_training():
+  t = [100.0]
+  clock = train.TrainClock(5.0, now=lambda: t[0])
+  t[0] = 103.0  # the first step compiles
+  clock.restart()
+  t[0] = 110.0
+  assert clock.total() == 12.0
+  clock.pause()  # an evaluation
+  t[0] = 150.0
+  assert clock.total() == 12.0
+  clock.resume()
+  t[0] = 151.5
+  assert clock.total() == 13.5
