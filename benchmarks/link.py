@@ -93,12 +93,12 @@ def method_spec(method: str) -> tuple[str, dict]:
   return name, kwargs
 
 
-def launch_self(args, argv) -> int:
-  """Parent mode: runs this module under experiments.launch, one CPU device per process."""
+def launch_self(args, argv, module: str = "benchmarks.link") -> int:
+  """Parent mode: runs ``module --worker`` under experiments.launch, one CPU device per process."""
   from experiments import launch  # pylint: disable=g-import-not-at-top
   os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"
   own = ["--processes", str(args.processes)] + (["--link", args.link] if args.link else [])
-  return launch.main(own + ["--", "-m", "benchmarks.link", "--worker"] + list(argv))
+  return launch.main(own + ["--", "-m", module, "--worker"] + list(argv))
 
 
 def _build(method, n, mesh):

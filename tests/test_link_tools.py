@@ -106,3 +106,20 @@ def test_train_clock_counts_only_training():
   clock.resume()
   t[0] = 151.5
   assert clock.total() == 13.5
+
+
+def test_train_step_link_checks_arguments_and_reports(tmp_path, capsys):
+  from benchmarks import train_step_link as tsl
+  with pytest.raises(SystemExit):
+    tsl.main(["--configs", "lenet,vgg"])
+  with pytest.raises(SystemExit):
+    tsl.main(["--methods", "none,nope"])
+  c = tsl._config("resnet", "threelc:sparsity=1.75", 4)  # pylint: disable=protected-access
+  assert (c.workers, c.max_devices, c.batch_size, c.compressor) == (4, 1, 128, "threelc")
+  assert c.compressor_kwargs.to_dict() == {"sparsity": 1.75}
+  doc = {"processes": 4, "link": "100mbit", "results": [
+      {"config": "lenet", "method": "none", "step_time_sec": 0.5},
+      {"config": "lenet", "method": "terngrad", "step_time_sec": 0.1}]}
+  (tmp_path / "d.json").write_text(json.dumps(doc))
+  assert tsl.main(["--report", str(tmp_path / "d.json")]) == 0
+  assert "| 4 | 100mbit | lenet | `terngrad` | 0.100 | 5.00 |" in capsys.readouterr().out

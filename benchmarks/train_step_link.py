@@ -1,0 +1,171 @@
+r"""Training-step time over emulated links: LeNet and ResNet at P processes, one worker each.
+
+For each config and method, every process builds the run exactly as
+``experiments.train`` does (``train.build``: model, optimizer chain with the
+compressor, mesh over all processes' devices, one worker per process) and
+the median of ``--steps`` whole training steps is taken (gradient,
+compressed exchange over the link, update), after 2 warm-up steps (the first
+compiles), on three real batches in turn.
+
+Usage::
+
+  sudo .venv/bin/python -m benchmarks.train_step_link --processes 2 --link 100mbit \
+      --configs lenet,resnet --methods none,terngrad,threelc --json out.json
+  .venv/bin/python -m benchmarks.train_step_link --report out1.json out2.json ...
+
+The configs: ``lenet`` is TG-F3's (``configs/terngrad_lenet.py:runlocal``,
+LeNet, total batch 64); ``resnet`` is 3LC-T1-link's
+(``configs/threelc_link.py``: ResNet-8, 32 images per worker, batch-norm
+tensors in float). Methods as in ``benchmarks.link`` (``name:key=value``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+
+from benchmarks import link
+
+
+def lenet_config(processes: int):
+  from configs import terngrad_lenet  # pylint: disable=g-import-not-at-top
+  return terngrad_lenet.get_config("runlocal")
+
+
+def resnet_config(processes: int):
+  from configs import threelc_link  # pylint: disable=g-import-not-at-top
+  c = threelc_link.get_config()
+  c.batch_size = 32 * processes
+  return c
+
+
+CONFIGS = {"lenet": lenet_config, "resnet": resnet_config}
+
+
+def _parse(argv):
+  p = argparse.ArgumentParser(prog="python -m benchmarks.train_step_link", description=__doc__.split("\n")[0])
+  p.add_argument("--processes", type=int, default=2)
+  p.add_argument("--link", default=None, help="RATE[,DELAY] for experiments.launch --link")
+  p.add_argument("--configs", default="lenet,resnet", help=f"comma-separated, of {sorted(CONFIGS)}")
+  p.add_argument("--methods", default="none,terngrad,threelc")
+  p.add_argument("--steps", type=int, default=5, help="timed steps per method (after 2 warm-up steps)")
+  p.add_argument("--json", default=None)
+  p.add_argument("--report", nargs="+", default=None, metavar="JSON")
+  p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+  args = p.parse_args(argv)
+  if args.report:
+    return args
+  bad = [c for c in args.configs.split(",") if c not in CONFIGS]
+  if bad:
+    p.error(f"unknown config(s) {bad}; known: {sorted(CONFIGS)}")
+  for method in args.methods.split(","):
+    try:
+      link.method_spec(method)
+    except ValueError as e:
+      p.error(str(e))
+  if args.steps < 1 or args.processes < 1:
+    p.error("--steps and --processes must be at least 1")
+  return args
+
+
+def _config(name: str, method: str, processes: int):
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  c = CONFIGS[name](processes)
+  compressor, kwargs = link.method_spec(method)
+  c.workers = processes
+  c.max_devices = 1
+  c.compressor = compressor
+  if compressor == "terngrad" and name == "lenet":
+    kwargs = {"clip_sigma": 2.5, **kwargs}  # TG-F3's TernGrad
+  c.compressor_kwargs = ml_collections.ConfigDict(kwargs)
+  c.checkpoint_every = 0
+  c.progress = False
+  return c
+
+
+def time_steps(run, steps: int) -> list[float]:
+  """Seconds of ``steps`` training steps of ``run`` after 2 warm-up steps."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from jaxcomp import data as data_lib  # pylint: disable=g-import-not-at-top
+  c = run.config
+  it = data_lib.make_pipeline(c.dataset, "train", global_batch_size=c.batch_size, train=True,
+                              start_step=0, **run.pipeline_kwargs)
+  batches = [run.shard_batch(next(it)) for _ in range(3)]
+  state, times = run.init_state(), []
+  for i in range(steps + 2):
+    images, labels = batches[i % 3]
+    key = np.asarray(jax.random.fold_in(run.step_root, i))
+    t0 = time.perf_counter()
+    state, metrics = run.train_step(state, images, labels, key)
+    jax.block_until_ready(metrics)
+    if i >= 2:
+      times.append(time.perf_counter() - t0)
+  return times
+
+
+def worker(args) -> int:
+  """One process: builds and times each config x method; rank 0 prints the JSON document."""
+  from experiments import distributed  # pylint: disable=g-import-not-at-top
+  if not distributed.initialize_from_env():
+    raise SystemExit("benchmarks.train_step_link --worker runs under experiments.launch")
+  import jax  # pylint: disable=g-import-not-at-top
+  from absl import logging  # pylint: disable=g-import-not-at-top
+  from experiments import train  # pylint: disable=g-import-not-at-top
+  logging.set_verbosity(logging.WARNING)
+  rank, results = jax.process_index(), []
+  for name in args.configs.split(","):
+    for method in args.methods.split(","):
+      with tempfile.TemporaryDirectory() as workdir:
+        run = train.build(_config(name, method, jax.process_count()), workdir)
+        times = time_steps(run, args.steps)
+      results.append({"config": name, "method": method, "step_time_sec": statistics.median(times),
+                      "times_s": times})
+      if rank == 0:
+        print(f"{name} {method}: median step {results[-1]['step_time_sec']:.3f} s", flush=True)
+  if rank == 0:
+    doc = {"benchmark": "train_step_link", "processes": jax.process_count(),
+           "link": os.environ.get("JAXCOMP_LINK", "loopback (not shaped)"), "steps": args.steps,
+           "jax": jax.__version__, "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+           "results": results}
+    text = json.dumps(doc, indent=1)
+    print(text, flush=True)
+    if args.json:
+      with open(args.json, "w") as f:
+        f.write(text + "\n")
+  jax.distributed.shutdown()
+  return 0
+
+
+def report(paths) -> int:
+  """One Markdown table: step, gradient and exchange seconds, and the step's speedup over float."""
+  print("| processes | link | config | method | step s | step speedup |")
+  print("|---:|---|---|---|---:|---:|")
+  for path in paths:
+    with open(path) as f:
+      doc = json.load(f)
+    base = {r["config"]: r["step_time_sec"] for r in doc["results"] if r["method"] == "none"}
+    for r in doc["results"]:
+      sp = base.get(r["config"])
+      speedup = "" if sp is None else f"{sp / r['step_time_sec']:.2f}"
+      print(f"| {doc['processes']} | {doc['link']} | {r['config']} | `{r['method']}` | "
+            f"{r['step_time_sec']:.3f} | {speedup} |")
+  return 0
+
+
+def main(argv=None) -> int:
+  argv = sys.argv[1:] if argv is None else list(argv)
+  args = _parse(argv)
+  if args.report:
+    return report(args.report)
+  return worker(args) if args.worker else link.launch_self(args, argv, "benchmarks.train_step_link")
+
+
+if __name__ == "__main__":
+  sys.exit(main())
