@@ -194,15 +194,21 @@ def worker(args) -> int:
         r = results[-1]
         print(f"n={n:,} {method}: median {r['median_s']:.3f} s over {args.trials} calls, "
               f"{r['bytes_on_wire']:,} bytes on the wire per worker", flush=True)
-  if rank == 0:
-    doc = {"benchmark": "link", "processes": jax.process_count(),
-           "link": os.environ.get("JAXCOMP_LINK", "loopback (not shaped)"), "latency_s": latency,
-           "trials": args.trials, "warmup": args.warmup, "jax": jax.__version__,
-           "machine": f"{platform.machine()}, {os.cpu_count()} CPUs", "results": results}
+  return finish("link", results, args.json, latency_s=latency, trials=args.trials, warmup=args.warmup)
+
+
+def finish(benchmark: str, results: list, json_path, **fields) -> int:
+  """Rank 0 prints (and with ``json_path`` writes) the JSON document; every process shuts down."""
+  import jax  # pylint: disable=g-import-not-at-top
+  if jax.process_index() == 0:
+    doc = {"benchmark": benchmark, "processes": jax.process_count(),
+           "link": os.environ.get("JAXCOMP_LINK", "loopback (not shaped)"), **fields,
+           "jax": jax.__version__, "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+           "results": results}
     text = json.dumps(doc, indent=1)
     print(text, flush=True)
-    if args.json:
-      with open(args.json, "w") as f:
+    if json_path:
+      with open(json_path, "w") as f:
         f.write(text + "\n")
   jax.distributed.shutdown()
   return 0

@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -129,18 +127,7 @@ def worker(args) -> int:
                       "times_s": times})
       if rank == 0:
         print(f"{name} {method}: median step {results[-1]['step_time_sec']:.3f} s", flush=True)
-  if rank == 0:
-    doc = {"benchmark": "train_step_link", "processes": jax.process_count(),
-           "link": os.environ.get("JAXCOMP_LINK", "loopback (not shaped)"), "steps": args.steps,
-           "jax": jax.__version__, "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
-           "results": results}
-    text = json.dumps(doc, indent=1)
-    print(text, flush=True)
-    if args.json:
-      with open(args.json, "w") as f:
-        f.write(text + "\n")
-  jax.distributed.shutdown()
-  return 0
+  return link.finish("train_step_link", results, args.json, steps=args.steps)
 
 
 def report(paths) -> int:
