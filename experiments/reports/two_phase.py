@@ -28,32 +28,50 @@ def _acc(run: Optional[dict[str, Any]]) -> str:
   return f"{100 * run['summary']['test_accuracy']:.2f}" if run and run["summary"] else "—"
 
 
-def _bytes(run: Optional[dict[str, Any]], key: str = "mean_bytes_on_wire") -> str:
-  s = run["summary"] if run else None
-  return f"{s[key]:,.0f}" if s and s.get(key) is not None else "—"
+def received(run: Optional[dict[str, Any]], workers: int) -> str:
+  """Bytes one worker received per step, averaged over the run.
+
+  Two-phase runs log ``received_bytes``; an all-gather receives the other
+  ``N − 1`` workers' payloads, ``(N − 1) × bytes_on_wire``.
+  """
+  if not run or not run["summary"]:
+    return "—"
+  rows = D.train_rows(run["workdir"])
+  if rows and "received_bytes" in rows[0]:
+    return f"{D.weighted_mean(rows, lambda r: r['received_bytes']):,.0f}"
+  return f"{(workers - 1) * run['summary']['mean_bytes_on_wire']:,.0f}"
 
 
 def lenet_lines(cfg: Any, runs: dict[str, dict]) -> list[str]:
   lines = ["| workers | floating (%) | TernGrad all-gather (%) | TernGrad two-phase (%) | "
-           "two-phase − all-gather (pp) | bytes / worker / step: all-gather | two-phase |",
+           "two-phase − all-gather (pp) | received / worker / step: all-gather | two-phase |",
            "|---:|---:|---:|---:|---:|---:|---:|"]
   for n in cfg.LENET_WORKERS:
     row = {name: runs.get(f"lenet/N{n:02d}/{name}") for name in cfg.LENET_DESIGNS}
     ag, tp = row["terngrad"], row["terngrad_two_phase"]
     diff = (f"{100 * (tp['summary']['test_accuracy'] - ag['summary']['test_accuracy']):+.2f}"
             if ag and tp and ag["summary"] and tp["summary"] else "—")
-    lines.append(f"| {n} | {_acc(row['float'])} | {_acc(ag)} | {_acc(tp)} | {diff} | {_bytes(ag)} | "
-                 f"{_bytes(tp)} |")
+    lines.append(f"| {n} | {_acc(row['float'])} | {_acc(ag)} | {_acc(tp)} | {diff} | "
+                 f"{received(ag, n)} | {received(tp, n)} |")
   return lines + [""]
 
 
 def resnet_lines(runs: dict[str, dict], t1: dict[str, dict]) -> list[str]:
-  rows = [("32-bit float (3LC-T1)", t1.get("float32")), ("3LC (s=1.00), all-gather (3LC-T1)", t1.get("3lc_s1.00")),
+  rows = [("3LC (s=1.00), all-gather (3LC-T1)", t1.get("3lc_s1.00")),
           ("3LC (s=1.00), two-phase", runs.get("3lc_s1.00_two_phase"))]
-  lines = ["| design | test acc. (%) | bytes / worker / step | steps |", "|---|---:|---:|---:|"]
+  lines = ["| design | test acc. (%) | Δ vs float (pp) | received / worker / step | steps |",
+           "|---|---:|---:|---:|---:|"]
+  base = t1.get("float32")
+  lines.append(f"| 32-bit float (3LC-T1) | {_acc(base)} | — | — | "
+               f"{base['summary']['steps'] if base and base['summary'] else '—'} |")
   for label, run in rows:
-    steps = f"{run['summary']['steps']:,}" if run and run["summary"] else "—"
-    lines.append(f"| {label} | {_acc(run)} | {_bytes(run)} | {steps} |")
+    if not run or not run["summary"]:
+      lines.append(f"| {label} | — | — | — | — |")
+      continue
+    s = run["summary"]
+    delta = (f"{100 * (s['test_accuracy'] - base['summary']['test_accuracy']):+.2f}"
+             if base and base["summary"] else "—")
+    lines.append(f"| {label} | {_acc(run)} | {delta} | {received(run, s['workers'])} | {s['steps']:,} |")
   return lines + [""]
 
 
@@ -70,8 +88,10 @@ def render_training(root: str, runs: dict, out_path: str, img_dir: str) -> list[
       "all-gathers it, so a worker's bytes stay near 2(N−1)/N of one payload at any N (Dryden et "
       "al. §3.4; 3LC's compressed pushes and pulls). The second quantization adds error: unbiased "
       "for TernGrad (fresh keys), kept in a second residual for 3LC. Same steps and seed in every "
-      "row; `configs/two_phase_training.py`. *Bytes*: per worker per step, averaged over the run "
-      "(`jaxcomp.metrics`).",
+      "row, one run each (so differences within a point may be seed noise); "
+      "`configs/two_phase_training.py`. *Received*: bytes that reached one worker per step, "
+      "averaged over the run (`jaxcomp.metrics`' `received_bytes`; for the all-gather, N − 1 "
+      "times its `bytes_on_wire`).",
       ""]
   for dataset, by_name in sorted(mine.items()):
     done = {k: v for k, v in by_name.items() if v["summary"]}
