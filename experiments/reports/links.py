@@ -87,8 +87,9 @@ def render(runs_by_dataset, out_path: str, img_dir: str) -> list[str]:
       f"{100 * cfg.TARGET_ACCURACY:.0f} %*: the train time at the first evaluation (every "
       f"{cfg.EVAL_EVERY} steps) whose test accuracy reached the target, chosen before the runs "
       "and written in the config; *speedup*: float's time over the design's at the same link. "
-      "3LC sends its zero-run stream (`capacity=0.5`); a tensor whose stream did not fit on some "
-      "worker is sent again in base-3⁵ (*fallback rounds*). TernGrad is this project's addition "
+      f"3LC sends its zero-run stream in a buffer of a fixed fraction of the base-3⁵ size (s = 1.00: "
+      f"{cfg.CAPACITY[1.00]}, s = 1.75: {cfg.CAPACITY[1.75]}, chosen before the runs); a tensor whose "
+      "stream did not fit on some worker is sent again in base-3⁵ (*fallback rounds*). TernGrad is this project's addition "
       "(the paper's nearest row, Stoch 3-value b-3-5, is TernGrad without clipping). The 4 "
       "processes share 2 CPU cores, so compute takes a far larger share of a step than on the "
       "paper's GPUs and every speedup is smaller.",
