@@ -4,6 +4,7 @@
 are exercised by their experiment configs' tests.
 """
 
+import json
 import math
 
 import pytest
@@ -29,6 +30,12 @@ def _config(**overrides):
   return c
 
 
+def _overrides(**overrides):
+  """``overrides`` without those that leave ``_config()`` as it is (so equal configs share a key)."""
+  base = _config().to_dict()
+  return {k: v for k, v in overrides.items() if base.get(k) != v}
+
+
 MODELS = {
     "lenet": {},
     "cifarnet": dict(image_size=32, channels=3, augment="cifarnet"),
@@ -37,9 +44,27 @@ MODELS = {
 }
 
 
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+  """``run(**overrides)``: the summary of training ``_config(**overrides)``, each config once.
+
+  LeNet with TernGrad is both the model test's ``lenet`` and the compressor
+  test's ``terngrad``: one run (one compile) serves both.
+  """
+  done = {}
+
+  def train_once(**overrides):
+    key = json.dumps(overrides, sort_keys=True)
+    if key not in done:
+      done[key] = train.train_and_evaluate(_config(**overrides), str(tmp_path_factory.mktemp("run")))
+    return done[key]
+
+  return train_once
+
+
 @pytest.mark.parametrize("model", sorted(MODELS))
-def test_each_model_trains(tmp_path, model):
-  s = train.train_and_evaluate(_config(model=model, **MODELS[model]), str(tmp_path))
+def test_each_model_trains(run, model):
+  s = run(**_overrides(model=model, **MODELS[model]))
   assert s["steps"] == 2 and s["workers"] == 8 and s["devices"] == 8
   assert math.isfinite(s["final_train_loss"]) and 0.0 <= s["test_accuracy"] <= 1.0
   assert s["compressed_ratio"] > 10  # TernGrad's 2-bit codes
@@ -49,9 +74,8 @@ COMPRESSOR_KWARGS = {"local_steps": {"k": 2}}
 
 
 @pytest.mark.parametrize("name", jaxcomp.names())
-def test_each_compressor_trains_lenet(tmp_path, name):
-  s = train.train_and_evaluate(
-      _config(compressor=name, compressor_kwargs=COMPRESSOR_KWARGS.get(name, {})), str(tmp_path))
+def test_each_compressor_trains_lenet(run, name):
+  s = run(**_overrides(compressor=name, compressor_kwargs=COMPRESSOR_KWARGS.get(name, {})))
   assert s["steps"] == 2 and s["compressor"] == name
   assert math.isfinite(s["final_train_loss"])
   assert s["bytes_on_wire"] is not None and s["float32_bytes"] == 4 * s["parameters"]
