@@ -43,8 +43,9 @@ def _parse(argv):
   p = argparse.ArgumentParser(prog="python -m benchmarks.link", description=__doc__.split("\n")[0])
   p.add_argument("--processes", type=int, default=2)
   p.add_argument("--link", default=None, help="RATE[,DELAY] for experiments.launch --link")
-  p.add_argument("--n", type=_sizes, default=[8_000_000],
-                 help="float32 values per worker; a comma-separated list runs each size")
+  p.add_argument("--n", type=_sizes, default=None,
+                 help="float32 values per worker (default 8,000,000); a comma-separated list runs "
+                      "each size; with --report, only these sizes are shown")
   p.add_argument("--methods", default="none,terngrad,threelc",
                  help="comma-separated jaxcomp compressor names (none: float pmean)")
   p.add_argument("--trials", type=int, default=5)
@@ -57,6 +58,7 @@ def _parse(argv):
   args = p.parse_args(argv)
   if args.report:
     return args
+  args.n = args.n or [8_000_000]
   for method in args.methods.split(","):
     try:
       method_spec(method)
@@ -260,13 +262,15 @@ def table_rows(docs):
   return rows
 
 
-def report(paths, plot=None) -> int:
-  """Prints the documents at ``paths`` as one Markdown table; with ``plot``, draws the speedups."""
+def report(paths, plot=None, sizes=None) -> int:
+  """Prints the documents at ``paths`` as one Markdown table (only ``sizes``, if given); with
+  ``plot``, draws the speedups of every size."""
   docs = []
   for path in paths:
     with open(path) as f:
       docs.append(json.load(f))
-  rows = table_rows(docs)
+  every = table_rows(docs)
+  rows = [r for r in every if not sizes or r[2] in sizes]
   fmt = lambda v, spec: "" if v is None else format(v, spec)
   print("| processes | link | n | method | median s | bytes on the wire | speedup | wire ratio "
         "| speedup / wire ratio | modelled s | measured / modelled |")
@@ -277,7 +281,7 @@ def report(paths, plot=None) -> int:
           f"{fmt(ratio, '.1f')} | {fmt(eff, '.2f')} | {fmt(model, '.3f')} | "
           f"{fmt(t / model if model else None, '.2f')} |")
   if plot:
-    _plot(rows, plot)
+    _plot(every, plot)
   return 0
 
 
@@ -286,12 +290,21 @@ def _plot(rows, path) -> None:
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  panels = sorted({(r[0], r[1]) for r in rows}, key=lambda k: (k[0], rate_bits_per_second(k[1])))
+  import matplotlib.ticker  # pylint: disable=g-import-not-at-top
+  panels = sorted({(r[0], r[1]) for r in rows if rate_bits_per_second(r[1])},  # shaped links only
+                  key=lambda k: (k[0], rate_bits_per_second(k[1])))
+  if not panels:
+    return
   methods = [m for m in dict.fromkeys(r[3] for r in rows) if m != "none"]
   sizes = sorted({r[2] for r in rows})
-  fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4.2), sharey=True, squeeze=False)
+  cols = min(3, len(panels))
+  grid_rows = -(-len(panels) // cols)
+  fig, axes = plt.subplots(grid_rows, cols, figsize=(5.2 * cols, 4.4 * grid_rows), sharey=True,
+                           squeeze=False)
   width = 0.8 / len(sizes)
-  for ax, (p, link) in zip(axes[0], panels):
+  for ax in axes.flat[len(panels):]:
+    ax.set_visible(False)
+  for ax, (p, link) in zip(axes.flat, panels):
     for j, n in enumerate(sizes):
       cell = {r[3]: r for r in rows if (r[0], r[1], r[2]) == (p, link, n) and r[6] is not None}
       xs = [i + (j - (len(sizes) - 1) / 2) * width for i, m in enumerate(methods) if m in cell]
@@ -301,6 +314,7 @@ def _plot(rows, path) -> None:
     ax.set_xticks(range(len(methods)), [m.replace(":", "\n") for m in methods], rotation=60,
                   ha="right", fontsize=7)
     ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
     ax.grid(axis="y", alpha=0.3)
   axes[0][0].set_ylabel("speedup over float pmean (tick: wire ratio)")
   axes[0][0].legend(fontsize=7)
@@ -322,7 +336,7 @@ def main(argv=None) -> int:
   argv = sys.argv[1:] if argv is None else list(argv)
   args = _parse(argv)
   if args.report:
-    return report(args.report, args.plot)
+    return report(args.report, args.plot, args.n)
   return worker(args) if args.worker else launch_self(args, argv)
 
 

@@ -11,3 +11,25 @@ if _FLAG not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FLAG).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+
+def pytest_configure(config):
+  """A compilation cache for this pytest process, so tests that build the same step reuse it.
+
+  Many tests compile identical programs (a training step of the same config,
+  the same exchange in several layouts); JAX's persistent cache keys a
+  compiled program by its HLO, flags and devices, so a repeat is loaded, not
+  compiled (programs that took at least a second to compile, JAX's default).
+  Set through jax.config, not the environment: the processes that tests start
+  (multi-process training, the launcher) keep compiling on their own.
+  """
+  del config
+  import atexit  # pylint: disable=g-import-not-at-top
+  import shutil  # pylint: disable=g-import-not-at-top
+  import tempfile  # pylint: disable=g-import-not-at-top
+
+  import jax  # pylint: disable=g-import-not-at-top
+
+  cache = tempfile.mkdtemp(prefix="jaxcomp-tests-xla-cache-")
+  atexit.register(shutil.rmtree, cache, True)
+  jax.config.update("jax_compilation_cache_dir", cache)

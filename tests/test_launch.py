@@ -121,11 +121,12 @@ def test_rank_prefixes_and_program_forms(form, tmp_path):
 
 def test_carriage_returns_and_unterminated_lines_keep_the_prefix():
   code = ("import sys, time\nsys.stdout.write('bar 1\\rbar 2\\r'); sys.stdout.flush(); time.sleep(0.2)\n"
-          "sys.stdout.write('\\nok\\r\\nend')\n")
+          "sys.stdout.write('\\nok\\r\\n\\rtq 1\\rtq 2\\nend')\n")
   res = subprocess.run([sys.executable, "-m", "experiments.launch", "--processes", "1", "--",
                         "-c", code], cwd=REPO, env=_env(), capture_output=True, timeout=60)
   assert res.returncode == 0, res.stderr
-  assert res.stdout == b"[rank0]: bar 1\r[rank0]: bar 2\r\n[rank0]: ok\r\n[rank0]: end\n"
+  assert res.stdout == (b"[rank0]: bar 1\r[rank0]: bar 2\r\n[rank0]: ok\r\n"
+                        b"\r[rank0]: tq 1\r[rank0]: tq 2\n[rank0]: end\n")  # tqdm's leading \r: one prefix
 
 
 def test_failed_rank_ends_the_others():
