@@ -160,16 +160,18 @@ def test_timeout_no_output_ends_a_silent_run():
 
 def test_link_benchmark_over_loopback(tmp_path):
   out = tmp_path / "link.json"
-  res = subprocess.run([sys.executable, "-m", "benchmarks.link", "--processes", "2", "--n", "4096",
+  res = subprocess.run([sys.executable, "-m", "benchmarks.link", "--processes", "2", "--n", "4096,8192",
                         "--methods", "none,terngrad", "--trials", "1", "--warmup", "1",
                         "--json", str(out)], cwd=REPO, env=_env(), capture_output=True, text=True,
                        timeout=120)
   assert res.returncode == 0, res.stdout + res.stderr
   doc = json.loads(out.read_text())
-  assert doc["processes"] == 2 and doc["n"] == 4096
-  wire = {r["method"]: r["bytes_on_wire"] for r in doc["results"]}
-  assert wire["none"] == 4 * 4096  # float32
-  assert 4096 // 4 <= wire["terngrad"] < 4096 // 2  # 2-bit codes and a few scalars
+  assert doc["processes"] == 2 and doc["latency_s"] > 0
+  wire = {(r["method"], r["n"]): r["bytes_on_wire"] for r in doc["results"]}
+  assert set(wire) == {(m, n) for m in ("none", "terngrad") for n in (4096, 8192)}
+  for n in (4096, 8192):
+    assert wire["none", n] == 4 * n  # float32
+    assert n // 4 <= wire["terngrad", n] < n // 2  # 2-bit codes and a few scalars
 
 
 def test_heartbeat_timeout_from_env_shortens_a_survivors_wait(tmp_path):

@@ -93,6 +93,14 @@ def render(runs_by_dataset, out_path: str, img_dir: str) -> list[str]:
       "(the paper's nearest row, Stoch 3-value b-3-5, is TernGrad without clipping). The 4 "
       "processes share 2 CPU cores, so compute takes a far larger share of a step than on the "
       "paper's GPUs and every speedup is smaller.",
+      "",
+      f"**Link emulation.** These runs used a tbf bucket of {cfg.RUNS_TBF_BURST // 1024} KiB: after "
+      "each idle spell (a step's computation) that many bytes passed at once, above the rate. "
+      "At 10 Mbit/s float's all-reduce sends about 452 KB per worker per step (0.36 s of wire), "
+      "of which up to 262 KB (0.21 s) went free, while every compressed design's messages fit in "
+      "the bucket, so the 10 Mbit/s speedups here are not those of a true 10 Mbit/s link in "
+      "either direction; at 100 Mbit/s and 1 Gbit/s the bucket is worth at most 21 ms and 2 ms a "
+      "step. The launcher's bucket is now 96 KiB (`experiments.launch.tbf_burst`).",
       ""]
   for dataset, runs in sorted(runs_by_dataset.items()):
     done = {k: v for k, v in runs.items() if v["summary"]}
