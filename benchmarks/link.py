@@ -323,13 +323,12 @@ def _plot(rows, path) -> None:
 
 
 def rate_bits_per_second(link: str) -> float:
-  """A link's rate in bit/s for sorting (loopback first)."""
-  rate = link.split(",")[0]
-  units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
-  for unit, scale in units.items():
-    if rate.endswith(unit):
-      return float(rate[: -len(unit)]) * scale
-  return 0.0
+  """A document's ``link`` (``RATE[,DELAY]``) in bit/s; 0 for an unshaped (loopback) run."""
+  from experiments import launch  # pylint: disable=g-import-not-at-top
+  try:
+    return launch.rate_bits_per_second(launch.parse_link(link).rate)
+  except launch.LaunchError:
+    return 0.0
 
 
 def main(argv=None) -> int:

@@ -135,10 +135,11 @@ def tbf_burst(rate: str) -> int:
   an 8 MB all-gather at 100 Mbit/s took 0.90 s, 96 KiB 0.73 s, against 0.64 s
   of wire time).
   """
-  return max(96 * 1024, int(_rate_bits_per_second(rate) / 8 / 1000))
+  return max(96 * 1024, int(rate_bits_per_second(rate) / 8 / 1000))
 
 
-def _rate_bits_per_second(rate: str) -> float:
+def rate_bits_per_second(rate: str) -> float:
+  """A tc RATE (``100mbit``, ``10mbps`` = bytes/s) in bit/s."""
   m = re.match(r"^(\d+(?:\.\d+)?)([kmgt]?)(bit|bps)$", rate, re.IGNORECASE)
   value, scale, unit = float(m.group(1)), m.group(2).lower(), m.group(3).lower()
   value *= {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}[scale]

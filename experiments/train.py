@@ -818,10 +818,7 @@ class TrainClock:
     self.counted, self.mark = self.total(), None
 
   def resume(self) -> None:
-    self.mark = self.now()
-
-  def restart(self) -> None:
-    """Drops the time since the last (re)start or resume: it was not training."""
+    """Counts from now on; time since the last pause or resume is dropped (it was not training)."""
     self.mark = self.now()
 
 
@@ -863,7 +860,7 @@ class _Log:
   def exclude(self, state) -> None:
     """Drops the time until ``state`` is ready from the training clock (a compiling step)."""
     jax.block_until_ready(state)
-    self.clock.restart()
+    self.clock.resume()
 
   def train(self, step: int, metrics: dict[str, jax.Array], close: bool) -> None:
     """Adds a step's metrics; ``close``: writes the interval's means as a train row."""

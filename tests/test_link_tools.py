@@ -26,6 +26,7 @@ def test_method_spec_parses_arguments_and_rejects_bad_ones():
 def test_rates_parse_in_tc_units():
   assert link.rate_bits_per_second("100mbit") == 1e8
   assert link.rate_bits_per_second("1gbit,5ms") == 1e9
+  assert link.rate_bits_per_second("10mbps") == 8e7  # tc's bps: bytes per second
   assert link.rate_bits_per_second("loopback (not shaped)") == 0.0
 
 
@@ -97,7 +98,7 @@ def test_train_clock_counts_only_training():
   t = [100.0]
   clock = train.TrainClock(5.0, now=lambda: t[0])
   t[0] = 103.0  # the first step compiles
-  clock.restart()
+  clock.resume()  # drops the compile
   t[0] = 110.0
   assert clock.total() == 12.0
   clock.pause()  # an evaluation
