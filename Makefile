@@ -42,9 +42,11 @@ debian-packages:
 quickstart: $(STAMP)
 	$(PY) -m experiments.quickstart --workdir workdirs/quickstart
 
-## The whole test suite (what CI runs; about 20 minutes on 2 cores).
+## The whole test suite (what CI runs). Two pytest workers, whole files each (module
+## fixtures stay in one process; the launcher's link tests never overlap): compiling,
+## the suite's main cost, is mostly single-threaded, so a second worker uses the second core.
 test: debian-packages $(STAMP)
-	$(PY) -m pytest tests
+	$(PY) -m pytest -n 2 --dist loadfile --durations=25 tests
 
 ## A development subset: codecs, compressors, transforms, README and repository checks (the
 ## layout-equivalence, dtype/shape and non-finite sweeps and the notebook runs are left to
