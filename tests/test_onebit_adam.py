@@ -44,7 +44,10 @@ def _inner(state):
 
 @pytest.fixture(scope="module")
 def run():
-  """STEPS updates of 4 workers under vmap: (grads, updates, states before each step and the last, metrics)."""
+  """STEPS updates of 4 workers under vmap, one compiled step for both stages.
+
+  Returns (grads, updates, states before each step and after the last, metrics, the jitted step).
+  """
   tx = _make_tx("w")
   state = parallel.replicate_workers(tx.init(PARAMS), W)
   axes = parallel.worker_axes(state)
@@ -57,11 +60,11 @@ def run():
     updates.append(u)
     states.append(state)
     metrics.append({k: float(v) for k, v in jaxcomp.metrics(state).items()})
-  return grads, updates, states, metrics
+  return grads, updates, states, metrics, step
 
 
 def test_warmup_matches_optax_adam_on_the_mean_gradient(run):
-  grads, updates, states, _ = run
+  grads, updates, states, *_ = run
   ref = optax.adam(LR, B1, B2, EPS)
   ref_state = ref.init(PARAMS)
   for t in range(FREEZE):
@@ -78,7 +81,7 @@ def test_warmup_matches_optax_adam_on_the_mean_gradient(run):
 
 
 def test_after_the_freeze_the_update_uses_the_frozen_variance(run):
-  _, updates, states, _ = run
+  _, updates, states, *_ = run
   frozen = _inner(states[FREEZE]).nu
   for t in range(FREEZE, STEPS):
     s = _inner(states[t + 1])
@@ -91,7 +94,7 @@ def test_after_the_freeze_the_update_uses_the_frozen_variance(run):
 
 def test_worker_and_server_errors_are_conserved(run):
   """Σ_t m_t + mean_i(δ_i) + Σ_i δ̄_i == Σ_t mean_i(β1·m_{t−1} + (1−β1)·g_i,t) over the compressed steps."""
-  grads, _, states, _ = run
+  grads, _, states, *_ = run
   fed = jax.tree.map(jnp.zeros_like, PARAMS)
   delivered = jax.tree.map(jnp.zeros_like, PARAMS)
   for t in range(FREEZE, STEPS):
@@ -118,7 +121,8 @@ def test_worker_and_server_errors_are_conserved(run):
 
 
 def test_exact_bytes_in_both_stages(run):
-  *_, metrics = run
+  *_, metrics, step = run
+  assert step._cache_size() == 1  # pylint: disable=protected-access  # the switch is traced, not re-compiled
   n_w, n_b = 200, 3
   f32 = 4 * (n_w + n_b)
   for t in range(FREEZE):  # warm-up: every gradient in float32; a ring all-reduce brings 2(N-1)/N of each

@@ -74,7 +74,9 @@ Decisions (tested in ``tests/test_onebit_adam.py``):
   ``received_bytes`` is a ring all-reduce's ``2(N−1)/N`` of them); after the
   freeze those of the 1-bit exchange of the momentum. The exchange that did
   not run reports zero: the two exchanges' counters are switched inside the
-  same ``lax.cond`` as the collectives.
+  same ``lax.cond`` as the collectives. Before the first update the state
+  reports the warm-up's per-step sizes (``received_bytes`` 0: the number of
+  workers is known only in the update).
 * The momentum and variance are float32 (replicated: identical on every
   worker); the worker and server errors are worker-local
   (:class:`~jaxcomp.core.WorkerLocal`, so ``vmap``/``pmap``/``shard_map``
