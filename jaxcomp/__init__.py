@@ -34,6 +34,7 @@ from jaxcomp.compressors.onebit import OneBit, onebit
 from jaxcomp.compressors.topk import TopK, topk
 from jaxcomp.compressors.powersgd import PowerSGD, powersgd
 from jaxcomp.compressors.local_steps import local_steps
+from jaxcomp.compressors.onebit_adam import OneBitAdamSign, onebit_adam
 from jaxcomp.compressors.threshold import Threshold, threshold
 from jaxcomp.compressors.adaptive import Adaptive, adaptive
 from jaxcomp.count import Count
@@ -64,6 +65,7 @@ __all__ = [
     "threshold",
     "adaptive",
     "local_steps",
+    "onebit_adam",
     # ... and their per-tensor compressors (jaxcomp.core.Compressor subclasses)
     "TernGrad",
     "QSGD",
@@ -77,6 +79,7 @@ __all__ = [
     "PowerSGD",
     "Threshold",
     "Adaptive",
+    "OneBitAdamSign",
     # the registry experiment configs pick compressors from
     "REGISTRY",
     "get_transform",

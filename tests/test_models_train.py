@@ -70,12 +70,15 @@ def test_each_model_trains(run, model):
   assert s["compressed_ratio"] > 10  # TernGrad's 2-bit codes
 
 
-COMPRESSOR_KWARGS = {"local_steps": {"k": 2}}
+COMPRESSOR_KWARGS = {"local_steps": {"k": 2}, "onebit_adam": {"freeze_step": 1}}
+# 1-bit Adam is the optimizer: the config's optimizer only applies the learning rate.
+CONFIG_OVERRIDES = {"onebit_adam": {"optimizer": "sgd"}}
 
 
 @pytest.mark.parametrize("name", jaxcomp.names())
 def test_each_compressor_trains_lenet(run, name):
-  s = run(**_overrides(compressor=name, compressor_kwargs=COMPRESSOR_KWARGS.get(name, {})))
+  s = run(**_overrides(compressor=name, compressor_kwargs=COMPRESSOR_KWARGS.get(name, {}),
+                       **CONFIG_OVERRIDES.get(name, {})))
   assert s["steps"] == 2 and s["compressor"] == name
   assert math.isfinite(s["final_train_loss"])
   assert s["bytes_on_wire"] is not None and s["float32_bytes"] == 4 * s["parameters"]
