@@ -36,6 +36,8 @@ from jaxcomp.compressors.powersgd import PowerSGD, powersgd
 from jaxcomp.compressors.local_steps import local_steps
 from jaxcomp.compressors.threshold import Threshold, threshold
 from jaxcomp.compressors.adaptive import Adaptive, adaptive
+from jaxcomp.compressors.signum import Signum, signum
+from jaxcomp.compressors.dgc import DGC, dgc
 from jaxcomp.count import Count
 from jaxcomp.metrics import metrics
 from jaxcomp.transforms import CompressState, compress, path_str, skip_by_path
@@ -63,6 +65,8 @@ __all__ = [
     "powersgd",
     "threshold",
     "adaptive",
+    "signum",
+    "dgc",
     "local_steps",
     # ... and their per-tensor compressors (jaxcomp.core.Compressor subclasses)
     "TernGrad",
@@ -77,6 +81,8 @@ __all__ = [
     "PowerSGD",
     "Threshold",
     "Adaptive",
+    "Signum",
+    "DGC",
     # the registry experiment configs pick compressors from
     "REGISTRY",
     "get_transform",

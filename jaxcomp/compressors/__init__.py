@@ -29,6 +29,8 @@ from jaxcomp.compressors.powersgd import PowerSGD, powersgd
 from jaxcomp.compressors.local_steps import local_steps
 from jaxcomp.compressors.threshold import Threshold, threshold
 from jaxcomp.compressors.adaptive import Adaptive, adaptive
+from jaxcomp.compressors.signum import Signum, signum
+from jaxcomp.compressors.dgc import DGC, dgc
 
 
 def _uncompressed(**kwargs: Any) -> optax.GradientTransformationExtraArgs:
@@ -53,6 +55,8 @@ REGISTRY: dict[str, Callable[..., optax.GradientTransformationExtraArgs]] = {
     "powersgd": powersgd,
     "threshold": threshold,
     "adaptive": adaptive,
+    "signum": signum,
+    "dgc": dgc,
 }
 
 
