@@ -207,10 +207,13 @@ class DGC(core.Compressor):
     return jnp.zeros((), jnp.int32) if self.custom_exchange else None  # the step counter
 
   def stage_bytes(self, shape) -> list[int]:
-    """Bytes of the payload of every stage for a tensor of ``shape``."""
-    x = jax.ShapeDtypeStruct(tuple(shape), jnp.float32)
-    key = jax.ShapeDtypeStruct((2,), jnp.uint32)
-    return [core.tree_nbytes(jax.eval_shape(self.selector(d).encode, x, key, None)) for d in self.densities]
+    """Bytes of the payload of every stage for a tensor of ``shape`` (Python ints, exact).
+
+    Every slot of the index wire (:class:`jaxcomp.compressors.topk.IndexPayload`)
+    is a uint32 index and a float32 value.
+    """
+    n = core.size_of(shape)
+    return [self.selector(d).slots(n) * (4 + 4) for d in self.densities]
 
   def exchange(self, x, key, axis_name, state):
     """The exchange of the current stage's top-k (a ``lax.switch`` on the step counter)."""
