@@ -55,7 +55,10 @@ Decisions (tested in ``tests/test_zoo_signum_dgc.py``):
   and batch-norm parameters dense) get the momentum but neither ``v`` nor
   masking: momentum SGD on those tensors.
 * The threshold is ``|v| ≥ thr`` (the paper writes ``>``; with a sampled
-  threshold the two differ only on ties); zeros are never sent.
+  threshold the two differ only on ties); zeros are never sent. A sampled
+  threshold is an estimate: even ``density=1`` sends every nonzero entry
+  only with an exact threshold (``sample=None``, or tensors of at most
+  ``sample`` entries); what is not sent stays in ``v``.
 * The step counter of the warm-up is per tensor in the exchange's state
   (identical on every worker); it saturates at ``2**31 − 1``.
 * With a warm-up the exchange is the compressor's own
