@@ -37,6 +37,8 @@ from jaxcomp.compressors.local_steps import local_steps
 from jaxcomp.compressors.onebit_adam import OneBitAdamSign, onebit_adam
 from jaxcomp.compressors.threshold import Threshold, threshold
 from jaxcomp.compressors.adaptive import Adaptive, adaptive
+from jaxcomp.compressors.signum import Signum, signum
+from jaxcomp.compressors.dgc import DGC, dgc
 from jaxcomp.count import Count
 from jaxcomp.metrics import metrics
 from jaxcomp.transforms import CompressState, compress, path_str, skip_by_path
@@ -64,6 +66,8 @@ __all__ = [
     "powersgd",
     "threshold",
     "adaptive",
+    "signum",
+    "dgc",
     "local_steps",
     "onebit_adam",
     # ... and their per-tensor compressors (jaxcomp.core.Compressor subclasses)
@@ -80,6 +84,8 @@ __all__ = [
     "Threshold",
     "Adaptive",
     "OneBitAdamSign",
+    "Signum",
+    "DGC",
     # the registry experiment configs pick compressors from
     "REGISTRY",
     "get_transform",

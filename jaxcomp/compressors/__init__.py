@@ -30,6 +30,8 @@ from jaxcomp.compressors.local_steps import local_steps
 from jaxcomp.compressors.onebit_adam import OneBitAdamSign, onebit_adam, wrap_optimizer as _wrap_onebit_adam
 from jaxcomp.compressors.threshold import Threshold, threshold
 from jaxcomp.compressors.adaptive import Adaptive, adaptive
+from jaxcomp.compressors.signum import Signum, signum
+from jaxcomp.compressors.dgc import DGC, dgc
 
 
 def _uncompressed(**kwargs: Any) -> optax.GradientTransformationExtraArgs:
@@ -54,6 +56,8 @@ REGISTRY: dict[str, Callable[..., optax.GradientTransformationExtraArgs]] = {
     "powersgd": powersgd,
     "threshold": threshold,
     "adaptive": adaptive,
+    "signum": signum,
+    "dgc": dgc,
 }
 
 

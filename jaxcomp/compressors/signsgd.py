@@ -25,10 +25,10 @@ Decisions (tested in ``tests/test_quantizers.py``):
 * The majority vote is the aggregate; ``decode`` of a single payload is that
   worker's vote, so with one worker the update is ``sign(g)``.
 * No error feedback (the paper uses none; turning the shared one on would
-  feed back ``g − sign(g)``, which mixes units). Signum's momentum lives on
-  the workers in the paper; here a momentum before the compressor would be
-  worker-local optimizer state, which :func:`jaxcomp.compress` does not
-  carry, so it is not provided.
+  feed back ``g − sign(g)``, which mixes units). Signum, the variant with
+  each worker's momentum, is :func:`jaxcomp.signum`
+  (:mod:`jaxcomp.compressors.signum`): the same wire and vote, fed with a
+  worker-local momentum.
 
 References:
   Bernstein, Wang, Azizzadenesheli, Anandkumar. *signSGD: Compressed
