@@ -36,6 +36,9 @@ from jaxcomp.compressors.powersgd import PowerSGD, powersgd
 from jaxcomp.compressors.local_steps import local_steps
 from jaxcomp.compressors.threshold import Threshold, threshold
 from jaxcomp.compressors.adaptive import Adaptive, adaptive
+from jaxcomp.compressors.half import Half, half
+from jaxcomp.compressors.randomk import RandomK, randomk
+from jaxcomp.compressors.natural import Natural, natural
 from jaxcomp.count import Count
 from jaxcomp.metrics import metrics
 from jaxcomp.transforms import CompressState, compress, path_str, skip_by_path
@@ -63,6 +66,9 @@ __all__ = [
     "powersgd",
     "threshold",
     "adaptive",
+    "half",
+    "randomk",
+    "natural",
     "local_steps",
     # ... and their per-tensor compressors (jaxcomp.core.Compressor subclasses)
     "TernGrad",
@@ -77,6 +83,9 @@ __all__ = [
     "PowerSGD",
     "Threshold",
     "Adaptive",
+    "Half",
+    "RandomK",
+    "Natural",
     # the registry experiment configs pick compressors from
     "REGISTRY",
     "get_transform",

@@ -29,6 +29,9 @@ from jaxcomp.compressors.powersgd import PowerSGD, powersgd
 from jaxcomp.compressors.local_steps import local_steps
 from jaxcomp.compressors.threshold import Threshold, threshold
 from jaxcomp.compressors.adaptive import Adaptive, adaptive
+from jaxcomp.compressors.half import Half, half
+from jaxcomp.compressors.randomk import RandomK, randomk
+from jaxcomp.compressors.natural import Natural, natural
 
 
 def _uncompressed(**kwargs: Any) -> optax.GradientTransformationExtraArgs:
@@ -53,6 +56,9 @@ REGISTRY: dict[str, Callable[..., optax.GradientTransformationExtraArgs]] = {
     "powersgd": powersgd,
     "threshold": threshold,
     "adaptive": adaptive,
+    "half": half,
+    "randomk": randomk,
+    "natural": natural,
 }
 
 
