@@ -100,19 +100,23 @@ def _gcd(a: jax.Array, n: int) -> jax.Array:
   return u
 
 
-def affine_indices(key: jax.Array, n: int, k: int) -> jax.Array:
-  """``k`` distinct indices ``(a·i + b) mod n``, ``i < k`` (see the module docstring); int32[k]."""
+def affine_map(key: jax.Array, n: int) -> tuple[jax.Array, jax.Array]:
+  """``(a, b)``, int32: ``b`` uniform on ``[0, n)``, ``a`` uniform among the units of ``Z_n`` in ``[1, n)``."""
   if n == 1:
-    return jnp.zeros((k,), jnp.int32)
+    return jnp.int32(1), jnp.int32(0)
   kb, ka = jax.random.split(key)
-  b = jax.random.randint(kb, (), 0, n, jnp.int32).astype(jnp.uint32)
+  b = jax.random.randint(kb, (), 0, n, jnp.int32)
   cand = jax.random.randint(ka, (CANDIDATES,), 1, n, jnp.int32)
   unit = _gcd(cand, n) == 1
-  a = jnp.where(jnp.any(unit), cand[jnp.argmax(unit)], 1).astype(jnp.uint32)
+  return jnp.where(jnp.any(unit), cand[jnp.argmax(unit)], 1), b
+
+
+def affine_indices(a: jax.Array, b: jax.Array, n: int, k: int) -> jax.Array:
+  """``(a·i + b) mod n`` for ``i < k``, int32[k], for ``0 <= a, b < n < 2**31`` (distinct if ``gcd(a, n) = 1``)."""
   # a·i mod n by the binary digits of i (only those below k): no product exceeds 32 bits.
   i = lax.iota(jnp.uint32, k)
-  acc = jnp.full((k,), b, jnp.uint32)
-  step = a  # a·2^j mod n
+  acc = jnp.full((k,), jnp.asarray(b).astype(jnp.uint32), jnp.uint32)
+  step = jnp.asarray(a).astype(jnp.uint32) % jnp.uint32(n)  # a·2^j mod n
   for j in range(max(1, (k - 1).bit_length())):
     acc = _add_mod(acc, jnp.where((i >> j) & 1 == 1, step, jnp.uint32(0)), n)
     step = _add_mod(step, step, n)
@@ -162,7 +166,8 @@ class RandomK(core.Compressor):
   def indices(self, state: jax.Array, n: int) -> tuple[jax.Array, jax.Array]:
     """``(S, next state)``: the step's ``k`` shared indices and the key of the next step."""
     draw, next_key = jax.random.split(state)
-    return affine_indices(draw, n, self.k(n)), next_key
+    a, b = affine_map(draw, n)
+    return affine_indices(a, b, n, self.k(n)), next_key
 
   def received_bytes(self, wire_bytes, workers):
     """Bytes one worker receives (jaxcomp.two_phase): an all-reduce, a ring's 2(N−1)/N of what it hands."""
