@@ -69,6 +69,7 @@ import optax
 from jaxcomp import core
 from jaxcomp import rng
 from jaxcomp import transforms
+from jaxcomp.compressors import _quant
 
 LEVELS = 127  # codes 1..127: powers of two; code 0: zero
 MAX_EXPONENT = 254  # float32's largest finite biased exponent
@@ -86,9 +87,16 @@ def _fields(flat: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
 
 
 def base_exponent(flat: jax.Array) -> jax.Array:
-  """The payload's ``base`` (uint32): ``max(min(max E + 1, 254) − 126, 1)``."""
-  top_bits = jnp.max(lax.bitcast_convert_type(flat, jnp.uint32) & 0x7FFFFFFF, initial=jnp.uint32(0))
-  top = jnp.minimum((top_bits >> 23) + 1, MAX_EXPONENT)
+  """The payload's ``base`` (uint32): ``max(min(max E + 1, 254) − 126, 1)``.
+
+  ``max E`` is the exponent of ``max|t|``: the float maximum, which XLA:CPU
+  vectorizes (an integer maximum over the bit patterns, equal for
+  non-negative floats, runs several times slower there). Where subnormals
+  read as zero, a tensor of subnormals has ``max|t| = 0`` and ``max E = 0``
+  either way.
+  """
+  top_abs = _quant.max_abs(flat)
+  top = jnp.minimum((lax.bitcast_convert_type(top_abs, jnp.uint32) >> 23) + 1, MAX_EXPONENT)
   return jnp.maximum(top, LEVELS) - (LEVELS - 1)
 
 
