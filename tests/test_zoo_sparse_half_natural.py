@@ -275,6 +275,10 @@ def test_randomk_affine_indices_exact_for_large_n():
   idx = np.asarray(affine_indices(a, b, n, k))
   np.testing.assert_array_equal(idx, [(int(a) * i + int(b)) % n for i in range(k)])
   assert len(set(idx.tolist())) == k
+  # The multiplier is a unit also for n with many prime factors (2·3·7·11·31·151·331).
+  for s in range(4):
+    a, _ = _affine_map(jax.random.PRNGKey(s), 2**31 - 2)
+    assert math.gcd(int(a), 2**31 - 2) == 1
 
 
 RANDOMK_TX = jaxcomp.randomk(0.2, axis_name="w")  # shared by two tests: one compiled update

@@ -24,8 +24,9 @@ Two variants:
 **How S is drawn** (a decision; tested): a random *affine permutation*
 ``i ↦ (a·i + b) mod n`` restricted to ``i < k``, with ``b`` uniform on
 ``[0, n)`` and ``a`` uniform among the integers in ``[1, n)`` coprime to
-``n`` (rejection sampling over 128 candidates, ``a = 1`` in the
-``< 10⁻⁹``-likely case that none is coprime). Properties:
+``n`` (rejection sampling over 128 candidates, checked against the prime
+factors of the static ``n``; ``a = 1`` in the ``< 10⁻⁹``-likely case that
+none is coprime). Properties:
 
 * the ``k`` indices are **distinct** (an affine map with ``gcd(a, n) = 1`` is a
   bijection of ``Z_n``): sampling without replacement, exactly ``k`` values;
@@ -60,6 +61,7 @@ References:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, NamedTuple
 
@@ -88,16 +90,19 @@ def _add_mod(a: jax.Array, b: jax.Array, n: int) -> jax.Array:
   return jnp.where(s >= jnp.uint32(n), s - jnp.uint32(n), s)
 
 
-def _gcd(a: jax.Array, n: int) -> jax.Array:
-  """``gcd(a, n)`` elementwise for int32 ``0 < a < n < 2**31`` (Euclid, a fixed number of rounds)."""
-  # Euclid needs at most ~1.44·log2(n) + 2 rounds (Lamé); 48 covers every n < 2**31.
-  def step(_, uv):
-    u, v = uv
-    live = v > 0
-    return jnp.where(live, v, u), jnp.where(live, u % jnp.where(live, v, 1), v)
-
-  u, _ = lax.fori_loop(0, 48, step, (jnp.full_like(a, n), a))
-  return u
+@functools.lru_cache(maxsize=None)
+def prime_factors(n: int) -> tuple[int, ...]:
+  """The distinct prime factors of ``n`` (static, by trial division: at most ~46k steps for ``n < 2**31``)."""
+  out, p = [], 2
+  while p * p <= n:
+    if n % p == 0:
+      out.append(p)
+      while n % p == 0:
+        n //= p
+    p += 1 if p == 2 else 2
+  if n > 1:
+    out.append(n)
+  return tuple(out)
 
 
 def affine_map(key: jax.Array, n: int) -> tuple[jax.Array, jax.Array]:
@@ -107,13 +112,17 @@ def affine_map(key: jax.Array, n: int) -> tuple[jax.Array, jax.Array]:
   kb, ka = jax.random.split(key)
   b = jax.random.randint(kb, (), 0, n, jnp.int32)
   cand = jax.random.randint(ka, (CANDIDATES,), 1, n, jnp.int32)
-  unit = _gcd(cand, n) == 1
+  # n is static: a candidate is a unit iff no prime factor of n divides it (n < 2**31 has at most 9).
+  unit = jnp.ones((CANDIDATES,), bool)
+  for p in prime_factors(n):
+    unit = unit & (cand % p != 0)
   return jnp.where(jnp.any(unit), cand[jnp.argmax(unit)], 1), b
 
 
 def affine_indices(a: jax.Array, b: jax.Array, n: int, k: int) -> jax.Array:
   """``(a·i + b) mod n`` for ``i < k``, int32[k], for ``0 <= a, b < n < 2**31`` (distinct if ``gcd(a, n) = 1``)."""
-  # a·i mod n by the binary digits of i (only those below k): no product exceeds 32 bits.
+  # a·i mod n by the binary digits of i (only those below k): every sum stays below 2**32,
+  # so no 64-bit product is needed.
   i = lax.iota(jnp.uint32, k)
   acc = jnp.full((k,), jnp.asarray(b).astype(jnp.uint32), jnp.uint32)
   step = jnp.asarray(a).astype(jnp.uint32) % jnp.uint32(n)  # a·2^j mod n
