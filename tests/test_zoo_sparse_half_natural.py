@@ -177,12 +177,17 @@ def test_bad_arguments_raise_clear_errors():
 
 
 def test_half_divides_by_n_before_the_cast():
-  """float16: 4 workers with 60000 each average to 60000; casting before dividing would overflow."""
-  x = jnp.full((4, 3), 60000.0)
+  """float16: a worker's 98304 (> 65504) fits once divided by 4; casting first (DDP's order) gives inf."""
+  x = jnp.array([[98304.0], [8192.0], [8192.0], [8192.0]])  # x/4: 24576 and 2048, exact in float16
   tx = jaxcomp.half("float16", axis_name="w")
-  upd, _ = _vmap_update(tx, x, parallel.replicate_workers(tx.init(jnp.zeros(3)), 4))
-  np.testing.assert_array_equal(upd, 60000.0)  # 15000 and 60000 are exact in float16
-  assert np.isinf(np.asarray(x.astype(jnp.float16).sum(0)))[0]  # the order DDP's hook avoids
+  upd, _ = _vmap_update(tx, x, parallel.replicate_workers(tx.init(jnp.zeros(1)), 4))
+  np.testing.assert_array_equal(upd, [30720.0])  # the exact mean, exact in float16
+  assert np.isinf(np.asarray(jnp.float32(98304.0).astype(jnp.float16)))  # cast first, then divide: inf / 4 = inf
+  # No division at all (a plain half all-reduce of the sum) would overflow where the mean does not.
+  y = jnp.full((4, 1), 60000.0)
+  upd, _ = _vmap_update(tx, y, parallel.replicate_workers(tx.init(jnp.zeros(1)), 4))
+  np.testing.assert_array_equal(upd, [60000.0])
+  assert np.isinf(np.asarray(y.astype(jnp.float16).sum(0)))[0]
 
 
 def test_half_is_a_psum_of_half_values():

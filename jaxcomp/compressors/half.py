@@ -1,10 +1,9 @@
-"""Half-precision all-reduce (PyTorch DDP's ``fp16_compress_hook`` / ``bf16_compress_hook``).
+"""Half-precision all-reduce (after PyTorch DDP's ``fp16_compress_hook`` / ``bf16_compress_hook``).
 
 Per tensor, on every worker ``w`` of ``N``:
 
-1. ``h_w = cast(x_w / N)``: divide by the number of workers *before* the cast
-   to ``bfloat16`` (default) or ``float16``, so that the sum of the ``N``
-   halves cannot overflow ``float16`` where no single ``x_w`` does;
+1. ``h_w = cast(x_w / N)``: divide by the number of workers, then cast to
+   ``bfloat16`` (default) or ``float16``;
 2. ``s = psum(h_w)``: an **all-reduce** of the half-precision values (2 bytes
    a value), not an all-gather: the decode is linear, so the workers' halves
    can be summed on the wire;
@@ -15,6 +14,16 @@ The wire: ``n`` values of 2 bytes, ``2·n`` bytes handed to the all-reduce
 ``2(N − 1)/N`` of that (``received_bytes``, as for PowerSGD). This is a
 custom exchange (``custom_exchange = True``), like PowerSGD's: the shared
 exchange of :mod:`jaxcomp.parallel` all-gathers payloads.
+
+The order of the first step differs from the PyTorch hooks, which cast first
+and divide the half-precision tensor by the world size. Dividing first, a
+worker's ``float16`` value overflows only if ``|x_w|/N > 65504`` (not
+already at ``|x_w| > 65504``), and the division is done in float32 (one
+rounding, in the cast, instead of two); the price is that small values come
+``N`` times closer to ``float16``'s underflow (``bfloat16`` has float32's
+exponent range, so neither matters there). Either way the all-reduce sums
+values already divided by ``N``: a partial sum overflows only if the mean
+itself is out of range.
 
 Decisions (tested in ``tests/test_zoo_sparse_half_natural.py``):
 
@@ -30,8 +39,9 @@ Decisions (tested in ``tests/test_zoo_sparse_half_natural.py``):
 * **Range**: ``bfloat16`` has float32's exponent range (only its precision is
   cut, to 8 significant bits); ``float16`` holds ``|v| ≤ 65504`` with 11
   significant bits and flushes magnitudes below about ``6·10⁻⁸`` to zero. An
-  element with ``|x_w|/N > 65504`` becomes ``±inf`` in ``float16``, as in
-  DDP's hook (use ``bfloat16`` when gradients can be that large).
+  element with ``|x_w|/N > 65504`` becomes ``±inf`` in ``float16`` (the mean
+  is then ``±inf``, as with DDP's hook; use ``bfloat16`` when gradients can
+  be that large).
 * **The summation** runs in the half dtype, as NCCL's half all-reduce does;
   its order (a ring, a tree, the pairwise halving of
   :func:`jaxcomp.parallel.psum` over simulated workers) can change the last
@@ -41,9 +51,9 @@ Decisions (tested in ``tests/test_zoo_sparse_half_natural.py``):
 
 References:
   PyTorch, ``torch.distributed.algorithms.ddp_comm_hooks.default_hooks``:
-  ``fp16_compress_hook`` and ``bf16_compress_hook`` ("divides by the world
-  size before casting", then ``allreduce`` of the half tensor, cast back).
-  Micikevicius et al. *Mixed Precision Training*. ICLR 2018, §3 (float16's
+  ``fp16_compress_hook`` and ``bf16_compress_hook`` (cast to half precision,
+  divide by the world size, ``allreduce`` the half tensor, cast back).
+  Micikevicius et al. *Mixed Precision Training*. ICLR 2018, §3.2 (float16's
   range and the underflow of small gradient values).
 """
 
