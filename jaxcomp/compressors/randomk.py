@@ -17,9 +17,9 @@ Two variants:
   (the shared residual of :func:`jaxcomp.compress`; Stich et al.'s "memory",
   Algorithm 1): what was not sent is added to the next step's tensor.
 * ``scale=True``: the unbiased ``(n/k)·x ⊙ 1_S`` (Wangni et al. §3, the
-  rescaling by the inverse keeping probability; Stich et al. remark that
-  unbiased rand_k has variance ``(n/k − 1)·‖x‖²``). Meant without error
-  feedback: :func:`randomk` turns it off unless ``error_feedback`` is given.
+  rescaling by the inverse keeping probability), whose variance is
+  ``E‖(n/k)·x ⊙ 1_S − x‖² = (n/k − 1)·‖x‖²``. Meant without error feedback:
+  :func:`randomk` turns it off unless ``error_feedback`` is given.
 
 **How S is drawn** (a decision; tested): a random *affine permutation*
 ``i ↦ (a·i + b) mod n`` restricted to ``i < k``, with ``b`` uniform on
@@ -37,11 +37,13 @@ none is coprime). Properties:
   2.1), and the ``(n/k − 1)‖x‖²`` variance of the scaled version, as for a
   uniformly random ``k``-subset (both depend on the inclusion probabilities
   only);
-* the cost is ``O(k log k)`` integer work (``(a·i + b) mod n`` by binary
-  doubling in uint32, no 64-bit products), independent of ``n`` and with no
-  sort: a uniformly random ``k``-subset (``jax.random.choice(...,
-  replace=False)``, a random permutation) sorts ``n`` keys, ``O(n log n)``,
-  which on a CPU costs far more than the rest of the exchange.
+* drawing ``S`` costs ``O(k log k)`` integer work (``(a·i + b) mod n`` by
+  binary doubling in uint32, no 64-bit products), independent of ``n`` and
+  with no sort (the exchange around it reads ``k`` values and writes the
+  ``n``-value result); a uniformly random ``k``-subset
+  (``jax.random.choice(..., replace=False)``, a random permutation) sorts
+  ``n`` keys, ``O(n log n)``, which on a CPU costs far more than the rest of
+  the exchange.
 
 What it is not: uniform over all ``k``-subsets; ``S`` is an arithmetic
 progression modulo ``n`` (its pairs are not independent). Properties that
