@@ -37,9 +37,9 @@ Out-of-range exponents (tested in ``tests/test_zoo_sparse_half_natural.py``):
   ``2^-126``; this includes every **subnormal**) are rounded stochastically to
   ``0`` or ``±L`` with probability ``floor(2^24·|t|/L)/2^24`` (computed from
   the bits, so subnormals are handled exactly even where the platform flushes
-  them to zero in arithmetic): ``E[C(t)] ∈ (t − 2^-24·L, t]`` (a bias below
-  ``2^-24·L`` per element, from the 24-bit random integer) and a variance at
-  most ``L²/4``;
+  them to zero in arithmetic): ``|E[C(t)]|`` lies in ``(|t| − 2^-24·L, |t|]``
+  (a bias below ``2^-24·L`` per element, from the 24-bit random integer) and
+  the variance is at most ``L²/4``;
 * **values with** ``|t| ≥ 2^127`` cannot round up (float32 has no ``2^128``):
   they are sent as ``±2^127`` (biased, by ``|t| − 2^127``);
 * ``±inf``/``NaN`` never reach the encoder inside :func:`jaxcomp.compress`
