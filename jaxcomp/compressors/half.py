@@ -116,7 +116,7 @@ class Half(core.Compressor):
 
 
 def half(dtype: str = "bfloat16", **kwargs: Any) -> optax.GradientTransformationExtraArgs:
-  """Half-precision all-reduce (PyTorch DDP's fp16/bf16 compress hooks) as an optax transform.
+  """Half-precision all-reduce (after PyTorch DDP's fp16/bf16 compress hooks) as an optax transform.
 
   Example::
 
