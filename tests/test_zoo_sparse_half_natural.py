@@ -148,6 +148,29 @@ def test_byte_counts_of_billion_element_tensors(name):
   assert m["float32_bytes"].static == 4 * n > 2**32
 
 
+@pytest.mark.parametrize("name", ["half", "randomk", "natural"])
+def test_dtypes_zeros_scalars_and_nonfinite(name):
+  """Any float dtype in, the same out; zeros in, zeros out; a NaN makes that tensor's mean NaN (one program)."""
+  tx = FACTORIES[name]()
+  params = {"zero": jnp.zeros((7, 3)), "scalar": jnp.array(0.0), "bf16": jnp.zeros((33,), jnp.bfloat16),
+            "f16": jnp.zeros((5, 5), jnp.float16)}
+  grads = dict(params, scalar=jnp.array(-3.0), bf16=jnp.linspace(-1, 1, 33).astype(jnp.bfloat16),
+               f16=jnp.linspace(-2, 2, 25).reshape(5, 5).astype(jnp.float16))
+  update = jax.jit(tx.update)
+  out, state = update(grads, tx.init(params))
+  for k in grads:
+    assert out[k].dtype == grads[k].dtype and out[k].shape == grads[k].shape, k
+    assert np.all(np.isfinite(np.asarray(out[k], np.float32))), k
+  np.testing.assert_array_equal(out["zero"], 0.0)
+  assert float(out["scalar"]) < 0  # a one-element tensor keeps its sign
+  if name == "randomk":  # k = ceil(0.2·1) = 1: a one-element tensor is always sent
+    assert float(out["scalar"]) == -3.0
+  bad, state2 = update(dict(grads, f16=grads["f16"].at[1, 1].set(jnp.nan)), state)
+  assert np.all(np.isnan(np.asarray(bad["f16"], np.float32)))
+  assert np.all(np.isfinite(np.asarray(bad["bf16"], np.float32)))
+  assert float(jaxcomp.metrics(state2)["nonfinite_tensors"]) == 1
+
+
 # -- bad arguments -------------------------------------------------------------------
 
 
