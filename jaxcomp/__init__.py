@@ -39,6 +39,9 @@ from jaxcomp.compressors.threshold import Threshold, threshold
 from jaxcomp.compressors.adaptive import Adaptive, adaptive
 from jaxcomp.compressors.signum import Signum, signum
 from jaxcomp.compressors.dgc import DGC, dgc
+from jaxcomp.compressors.half import Half, half
+from jaxcomp.compressors.randomk import RandomK, randomk
+from jaxcomp.compressors.natural import Natural, natural
 from jaxcomp.count import Count
 from jaxcomp.metrics import metrics
 from jaxcomp.transforms import CompressState, compress, path_str, skip_by_path
@@ -68,6 +71,9 @@ __all__ = [
     "adaptive",
     "signum",
     "dgc",
+    "half",
+    "randomk",
+    "natural",
     "local_steps",
     "onebit_adam",
     # ... and their per-tensor compressors (jaxcomp.core.Compressor subclasses)
@@ -86,6 +92,9 @@ __all__ = [
     "OneBitAdamSign",
     "Signum",
     "DGC",
+    "Half",
+    "RandomK",
+    "Natural",
     # the registry experiment configs pick compressors from
     "REGISTRY",
     "get_transform",

@@ -32,6 +32,9 @@ from jaxcomp.compressors.threshold import Threshold, threshold
 from jaxcomp.compressors.adaptive import Adaptive, adaptive
 from jaxcomp.compressors.signum import Signum, signum
 from jaxcomp.compressors.dgc import DGC, dgc
+from jaxcomp.compressors.half import Half, half
+from jaxcomp.compressors.randomk import RandomK, randomk
+from jaxcomp.compressors.natural import Natural, natural
 
 
 def _uncompressed(**kwargs: Any) -> optax.GradientTransformationExtraArgs:
@@ -58,6 +61,9 @@ REGISTRY: dict[str, Callable[..., optax.GradientTransformationExtraArgs]] = {
     "adaptive": adaptive,
     "signum": signum,
     "dgc": dgc,
+    "half": half,
+    "randomk": randomk,
+    "natural": natural,
 }
 
 
