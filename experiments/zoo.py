@@ -1,0 +1,456 @@
+r"""One table of all compressors on the same run: ``docs/zoo.md`` and ``docs/zoo.png``.
+
+Every compressor :func:`jaxcomp.names` returns at run time (with its paper's
+settings, ``configs/zoo.py:SETTINGS``) in four steps, each resumable:
+
+1. ``accuracy``: the sweep ``configs/zoo.py`` (compressor x seed, LeNet, 8
+   simulated workers) through ``experiments.sweep``; finished runs are skipped.
+   Writes ``ROOT/zoo/<dataset>/<compressor>/seed<S>/``.
+2. ``throughput``: encode + decode throughput of each compressor at 4M values
+   beside a float32 copy, as ``benchmarks.compressors`` measures it (its
+   ``bench_one``), with the zoo's settings. Writes ``ROOT/zoo/throughput.json``.
+3. ``link``: whole LeNet training steps at 2 processes over an emulated
+   100 Mbit/s link, through ``benchmarks.train_step_link`` (needs root and
+   iproute2). Writes ``ROOT/zoo/link_steps.json``.
+4. ``report``: ``docs/zoo.md`` and ``docs/zoo.png`` from the committed files
+   alone. A cell whose measurement is missing says "not measured".
+
+The throughput and link steps measure only the compressors their JSON lacks
+and add them to it; ``--force`` measures all again. Timings want an idle
+machine.
+
+Usage::
+
+  python -m experiments.zoo                          # every step; reruns only what is missing
+  python -m experiments.zoo --report                 # regenerate docs/zoo.md and docs/zoo.png only
+  python -m experiments.zoo --steps accuracy,report  # some steps
+  sudo .venv/bin/python -m experiments.zoo --steps link,report
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any, Optional
+
+STEPS = ("accuracy", "throughput", "link", "report")
+NOT_MEASURED = "not measured"
+
+
+def _parse(argv):
+  p = argparse.ArgumentParser(prog="python -m experiments.zoo", description=__doc__.split("\n")[0])
+  p.add_argument("--config", default="configs/zoo.py", help="the zoo config, optionally with ':ARG'")
+  p.add_argument("--root", default="runs", help="root of the runs (the zoo's files go under ROOT/zoo)")
+  p.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated, of {list(STEPS)}")
+  p.add_argument("--report", action="store_true", help="only the report (same as --steps report)")
+  p.add_argument("--out", default="docs/zoo.md")
+  p.add_argument("--plot", default="docs/zoo.png")
+  p.add_argument("--size", default=None, help="throughput tensor size (default: the config's, 4M)")
+  p.add_argument("--repeats", type=int, default=7, help="throughput repeats (benchmarks.compressors)")
+  p.add_argument("--link_steps", type=int, default=10, help="timed training steps per compressor (link)")
+  p.add_argument("--force", action="store_true", help="measure throughput/link rows even if present")
+  args = p.parse_args(argv)
+  args.steps = ["report"] if args.report else [s.strip() for s in args.steps.split(",") if s.strip()]
+  bad = [s for s in args.steps if s not in STEPS]
+  if bad:
+    p.error(f"unknown step(s) {bad}; known: {list(STEPS)}")
+  return args
+
+
+# ----------------------------------------------------------------------------
+# What the config says.
+
+
+class Zoo:
+  """The config module and argument, and where the zoo's files live."""
+
+  def __init__(self, config_arg: str, root: str):
+    from experiments import sweep  # pylint: disable=g-import-not-at-top
+    self.config_arg = config_arg
+    path, _, self.arg = config_arg.partition(":")
+    self.module = sweep.load_config_module(path)
+    self.base = self.module.get_config(self.arg or None)
+    self.root = root
+    self.dir = os.path.join(root, self.base.experiment)
+    self.runs_dir = os.path.join(self.dir, self.base.dataset)
+    self.throughput_json = os.path.join(self.dir, "throughput.json")
+    self.link_json = os.path.join(self.dir, "link_steps.json")
+
+  def names(self) -> list[str]:
+    """Registered compressors that this sweep runs, in ``SETTINGS`` order."""
+    seen = []
+    for name, _ in self.module.get_sweep(self.arg or None):
+      comp = name.split("/")[0]
+      if comp not in seen:
+        seen.append(comp)
+    return seen
+
+  def row(self, name: str) -> dict:
+    return self.module.SETTINGS[name]
+
+  def method(self, name: str) -> str:
+    """``name:key=value:...`` for ``benchmarks.train_step_link`` (compressor kwargs and ``min_size``)."""
+    row = self.row(name)
+    kwargs = dict(row["kwargs"])
+    if "min_size" in row.get("config", {}):
+      kwargs["min_size"] = row["config"]["min_size"]
+    for k, v in kwargs.items():
+      if ":" in repr(v) or "," in repr(v):
+        raise ValueError(f"{name}: argument {k}={v!r} cannot be written as a link method")
+    return ":".join([name] + [f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}" for k, v in kwargs.items()])
+
+
+# ----------------------------------------------------------------------------
+# Step 1: accuracy (experiments.sweep).
+
+
+def run_accuracy(zoo: Zoo) -> None:
+  """Runs the sweep in a subprocess; it prints progress and skips finished runs."""
+  cmd = [sys.executable, "-m", "experiments.sweep", "--config", zoo.config_arg, "--root", zoo.root,
+         "--checkpoint_every", "0"]
+  print(f"[zoo] accuracy: {' '.join(cmd[1:])}", flush=True)
+  t0 = time.time()
+  proc = subprocess.run(cmd)
+  if proc.returncode != 0:
+    raise SystemExit(f"[zoo] the accuracy sweep failed (exit {proc.returncode})")
+  print(f"[zoo] accuracy sweep: {time.time() - t0:.0f} s", flush=True)
+
+
+# ----------------------------------------------------------------------------
+# Step 2: throughput (benchmarks.compressors).
+
+
+def _load(path: str) -> Optional[dict]:
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    return json.load(f)
+
+
+def _write(path: str, doc: dict) -> None:
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  with open(path, "w") as f:
+    f.write(json.dumps(doc, indent=1, default=float) + "\n")
+
+
+def run_throughput(zoo: Zoo, size: str, repeats: int, force: bool) -> None:
+  """Times encode + decode of each compressor's tensor of ``size`` values beside a float32 copy.
+
+  ``none`` (nothing to encode) and optimizer wrappers (``local_steps``: no
+  encoding of their own) have no row.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import jaxcomp  # pylint: disable=g-import-not-at-top
+  from benchmarks import compressors as bench  # pylint: disable=g-import-not-at-top
+
+  n = bench.parse_size(size)
+  doc = None if force else _load(zoo.throughput_json)
+  if doc is not None and doc.get("size") != n:
+    raise SystemExit(f"[zoo] {zoo.throughput_json} holds size {doc.get('size')}, not {n}: "
+                     "use --force to measure again")
+  doc = doc or {"benchmark": "compressors (experiments.zoo)", "data": "synthetic float32 Gaussian "
+                "(throughput only)", "size": n, "repeats": repeats, "jax": jax.__version__,
+                "backend": jax.default_backend(), "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+                "results": []}
+  done = {r["compressor"] for r in doc["results"]}
+  todo = [nm for nm in zoo.names() if nm in jaxcomp.REGISTRY and nm != "none" and nm not in done]
+  print(f"[zoo] throughput at n={n:,}: {len(todo)} to measure, {len(done)} in {zoo.throughput_json}",
+        flush=True)
+  if not todo:
+    return
+  x = jax.random.normal(jax.random.PRNGKey(0), (n,), jnp.float32)
+  key = jax.random.PRNGKey(1)
+  copy = jax.jit(lambda v: v * jnp.float32(2.0))
+  for name in todo:
+    kwargs = zoo.row(name)["kwargs"]
+    r = bench.bench_one(bench.compressor_of(name, **kwargs), x, key, copy, repeats)
+    r.update(compressor=name, kwargs=kwargs, size=n, melem_per_s=n / r["total_s"] / 1e6,
+             copy_melem_per_s=n / r["copy_s"] / 1e6, measured=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+    doc["results"].append(r)
+    _write(zoo.throughput_json, doc)  # after each row, so an interrupted step keeps what it measured
+    print(f"  {name}: {r['melem_per_s']:.0f} M el/s, {r['vs_copy']:.1%} of a float32 copy", flush=True)
+
+
+# ----------------------------------------------------------------------------
+# Step 3: link step time (benchmarks.train_step_link).
+
+
+def link_available() -> Optional[str]:
+  """Why the link step cannot run here, or ``None`` if it can."""
+  if os.geteuid() != 0:
+    return "the emulated link needs root (network namespaces): run it with sudo"
+  missing = [t for t in ("ip", "tc") if shutil.which(t) is None]
+  if missing:
+    return f"the emulated link needs iproute2 ({', '.join(missing)} not found)"
+  return None
+
+
+def run_link(zoo: Zoo, timed_steps: int, force: bool) -> None:
+  """Median training-step time of each compressor at ``LINK_PROCESSES`` over ``LINK_RATE``."""
+  why = link_available()
+  if why:
+    raise SystemExit(f"[zoo] link step not run: {why}. The report marks these cells '{NOT_MEASURED}'.")
+  processes, rate = zoo.module.LINK_PROCESSES, zoo.module.LINK_RATE
+  doc = None if force else _load(zoo.link_json)
+  if doc is not None and (doc.get("processes"), doc.get("link")) != (processes, rate):
+    raise SystemExit(f"[zoo] {zoo.link_json} was measured at {doc.get('processes')} processes over "
+                     f"{doc.get('link')}, not {processes} over {rate}: use --force to measure again")
+  done = {r.get("compressor") for r in (doc or {}).get("results", [])}
+  todo = [n for n in zoo.names() if n not in done]
+  print(f"[zoo] link: {len(todo)} to time at {processes} processes over {rate}, {len(done)} in "
+        f"{zoo.link_json}", flush=True)
+  if not todo:
+    return
+  part = zoo.link_json + ".part"
+  cmd = [sys.executable, "-m", "benchmarks.train_step_link", "--processes", str(processes), "--link", rate,
+         "--configs", "lenet", "--methods", ",".join(zoo.method(n) for n in todo),
+         "--steps", str(timed_steps), "--json", part]
+  print(f"[zoo] {' '.join(cmd[1:])}", flush=True)
+  proc = subprocess.run(cmd)
+  if proc.returncode != 0 or not os.path.exists(part):
+    raise SystemExit(f"[zoo] benchmarks.train_step_link failed (exit {proc.returncode})")
+  new = _load(part)
+  os.remove(part)
+  for name, r in zip(todo, new["results"]):
+    r["compressor"] = name
+  if doc is None:
+    doc = {k: v for k, v in new.items() if k != "results"}
+    doc.update(processes=processes, link=rate, results=[])
+  doc["results"] += new["results"]
+  _write(zoo.link_json, doc)
+
+
+# ----------------------------------------------------------------------------
+# Step 4: the report (committed files only).
+
+
+def _summaries(zoo: Zoo) -> dict[str, list[dict]]:
+  """compressor -> the summaries of its finished seeds."""
+  out: dict[str, list[dict]] = {}
+  if not os.path.isdir(zoo.runs_dir):
+    return out
+  for name in sorted(os.listdir(zoo.runs_dir)):
+    d = os.path.join(zoo.runs_dir, name)
+    for seed in sorted(os.listdir(d)) if os.path.isdir(d) else []:
+      s = _load(os.path.join(d, seed, "summary.json"))
+      if s is not None:
+        out.setdefault(name, []).append(s)
+  return out
+
+
+def accuracy_cells(summaries: list[dict]) -> dict[str, Any]:
+  """Mean, sample standard deviation and range of the seeds' test accuracies (%), bytes per step."""
+  accs = [100 * s["test_accuracy"] for s in summaries]
+  wire = statistics.mean(s["mean_bytes_on_wire"] for s in summaries)
+  floats = statistics.mean(s["float32_bytes"] for s in summaries)
+  return {"seeds": len(accs), "mean": statistics.mean(accs),
+          "sd": statistics.stdev(accs) if len(accs) > 1 else None, "min": min(accs), "max": max(accs),
+          "bytes": wire, "ratio": floats / wire if wire else math.inf,
+          "steps": summaries[0]["steps"], "train_s": statistics.mean(s["train_time_sec"] for s in summaries)}
+
+
+def settings_text(row: dict) -> str:
+  """``key=value`` of the compressor's kwargs and other config overrides, as the sweep passes them."""
+  parts = [f"{k}={v!r}" if isinstance(v, str) else f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
+           for k, v in {**row["kwargs"], **row.get("config", {})}.items()]
+  return ", ".join(f"`{p}`" for p in parts) or "defaults"
+
+
+def rows(zoo: Zoo) -> list[dict]:
+  """One dict per compressor (registered, or with finished runs): its cells, None where not measured."""
+  summaries = _summaries(zoo)
+  thr = {r["compressor"]: r for r in (_load(zoo.throughput_json) or {}).get("results", [])}
+  link_doc = _load(zoo.link_json) or {}
+  link = {r["compressor"]: r for r in link_doc.get("results", [])}
+  names = zoo.names() + [n for n in summaries if n not in zoo.names()]
+  out = []
+  for name in names:
+    row = zoo.module.SETTINGS.get(name, {"kwargs": {}, "paper": "(no SETTINGS row)"})
+    out.append({"name": name, "settings": settings_text(row), "paper": row["paper"],
+                "acc": accuracy_cells(summaries[name]) if name in summaries else None,
+                "throughput": thr.get(name), "link_s": link[name]["step_time_sec"] if name in link else None})
+  base = next((r["link_s"] for r in out if r["name"] == "none"), None)
+  for r in out:
+    r["link_speedup"] = base / r["link_s"] if base and r["link_s"] else None
+  return out
+
+
+def _fmt_bytes(b: float) -> str:
+  return f"{b / 1e6:.3f} MB" if b >= 1e5 else f"{b / 1e3:.1f} kB"
+
+
+def _acc_text(a: Optional[dict]) -> tuple[str, str]:
+  if a is None:
+    return NOT_MEASURED, "—"
+  spread = (f"± {a['sd']:.2f} ({a['min']:.2f}–{a['max']:.2f})" if a["sd"] is not None
+            else "one seed")
+  return f"{a['mean']:.2f}", spread
+
+
+def _throughput_text(name: str, r: Optional[dict]) -> str:
+  if name == "none":
+    return "— (no encoding)"
+  if r is None:
+    return NOT_MEASURED if name not in _wrappers() else "— (float exchange)"
+  return f"{r['melem_per_s']:.0f} M el/s ({r['vs_copy']:.0%})"
+
+
+def _wrappers() -> set[str]:
+  from jaxcomp import compressors  # pylint: disable=g-import-not-at-top
+  return set(compressors.WRAPPERS)
+
+
+def table(zoo: Zoo, rs: list[dict]) -> list[str]:
+  lines = ["| compressor | settings | test accuracy (%) | spread over seeds | bytes / worker / step | "
+           "ratio to float | encode+decode at 4M (vs float32 copy) | step over link (s) | speedup | "
+           "settings from |",
+           "|---|---|---:|---|---:|---:|---:|---:|---:|---|"]
+  for r in rs:
+    acc, spread = _acc_text(r["acc"])
+    wire = _fmt_bytes(r["acc"]["bytes"]) if r["acc"] else NOT_MEASURED
+    ratio = f"{r['acc']['ratio']:.1f}×" if r["acc"] else NOT_MEASURED
+    link = f"{r['link_s']:.3f}" if r["link_s"] is not None else NOT_MEASURED
+    speed = f"{r['link_speedup']:.2f}×" if r["link_speedup"] else "—"
+    lines.append(f"| `{r['name']}` | {r['settings']} | {acc} | {spread} | {wire} | {ratio} | "
+                 f"{_throughput_text(r['name'], r['throughput'])} | {link} | {speed} | {r['paper']} |")
+  return lines
+
+
+def plot(rs: list[dict], path: str, title: str) -> Optional[str]:
+  """Accuracy (mean, bars: min–max over seeds) against bytes per worker per step, log x."""
+  pts = [r for r in rs if r["acc"]]
+  if not pts:
+    return None
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  fig, ax = plt.subplots(figsize=(8, 5.5))
+  for r in pts:
+    a = r["acc"]
+    ax.errorbar([a["bytes"]], [a["mean"]], yerr=[[a["mean"] - a["min"]], [a["max"] - a["mean"]]],
+                fmt="o", capsize=3, markersize=5)
+    ax.annotate(r["name"], (a["bytes"], a["mean"]), textcoords="offset points", xytext=(5, 4), fontsize=8)
+  ax.set_xscale("log")
+  ax.set_xlabel("bytes on the wire per worker per step (log)")
+  ax.set_ylabel("test accuracy (%), mean over seeds; bars: min–max")
+  ax.grid(alpha=0.3, which="both")
+  ax.set_title(title, fontsize=10)
+  fig.tight_layout()
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+  return path
+
+
+def report(zoo: Zoo, out: str, plot_path: str) -> str:
+  """Writes ``out`` (Markdown) and ``plot_path`` (PNG) from the files under ``ROOT/zoo``."""
+  m, c = zoo.module, zoo.base
+  rs = rows(zoo)
+  measured = [r for r in rs if r["acc"]]
+  seeds = sorted({r["acc"]["seeds"] for r in measured})
+  steps = sorted({r["acc"]["steps"] for r in measured})
+  thr_doc, link_doc = _load(zoo.throughput_json), _load(zoo.link_json)
+  drawn = plot(rs, plot_path, f"LeNet, {c.dataset}, {c.workers} workers, {'/'.join(map(str, steps))} steps")
+  rel = os.path.relpath(os.path.abspath(plot_path), os.path.dirname(os.path.abspath(out)))
+  lines = [
+      "# The compressor zoo: every compressor on the same run",
+      "",
+      "Generated by `python -m experiments.zoo --report` from the files under "
+      f"`{zoo.dir}/`; do not edit by hand. `python -m experiments.zoo` reruns only what is missing.",
+      "",
+      f"**The run.** TG-F3's LeNet (`configs/terngrad_lenet.py`) on `{c.dataset}` (real images), "
+      f"total batch {c.batch_size} over {c.workers} simulated workers, momentum SGD "
+      f"({c.momentum}, base LR {c.learning_rate}, polynomial decay with power {c.lr_power}), weight "
+      f"decay {c.weight_decay}, evaluated with the parameter EMA TernGrad uses; the same "
+      f"{'/'.join(map(str, steps)) or c.num_train_steps} steps and seeds "
+      f"{', '.join(map(str, m.SEEDS[:max(seeds, default=len(m.SEEDS))]))} for every compressor "
+      "(`configs/zoo.py`).",
+      "",
+      f"**Reduced scale.** {c.num_train_steps} steps instead of TG-F3's 10,000, so that the whole zoo "
+      "(one process per run, about 20 compressors × 3 seeds) runs in about half an hour on a 2-core CPU "
+      "machine. The accuracies compare compressors after a short run, not converged accuracies; "
+      "compressors that start slowly (warm-ups, error feedback that has not caught up) are at a "
+      "disadvantage here that a full run would not show.",
+      "",
+      "**One rule for every row.** Every LeNet tensor goes through the compressor (TG-F3 compresses "
+      "all of LeNet's layers; no exception for the last layer or biases), except where the "
+      "compressor's paper keeps small tensors in float (`min_size`). The optimizer is TG-F3's unless "
+      "the row's settings name another (sign updates move every weight by ± the learning rate, so "
+      "they take plain SGD with their own rate; 1-bit Adam is Adam).",
+      "",
+      "**Columns.** Test accuracy: mean over the seeds; spread: sample standard deviation and "
+      "min–max. Bytes: what one worker sends per step (`mean_bytes_on_wire` of the run, averaged "
+      "over its steps, so `local_steps` counts its silent steps); ratio: float32 bytes over those. "
+      f"Encode+decode: million values per second on one {m.THROUGHPUT_SIZE} float32 tensor and, in "
+      "brackets, that as a fraction of a float32 copy's speed measured side by side "
+      "(`benchmarks.compressors`, with the zoo's settings). Step over link: median time of a whole "
+      f"LeNet training step at {m.LINK_PROCESSES} processes, one worker each, over an emulated "
+      f"{m.LINK_RATE} link (`benchmarks.train_step_link`; the optimizer there is TG-F3's for every "
+      "row, which does not change the step's communication); speedup: float's step time over "
+      "the row's. A cell that says *not measured* has no measurement in the committed files.",
+      "",
+  ]
+  if measured:
+    lines += [f"![accuracy against bytes]({rel})", ""] if drawn else []
+  lines += table(zoo, rs) + [""]
+  lines += _provenance(zoo, rs, thr_doc, link_doc)
+  text = "\n".join(lines).rstrip() + "\n"
+  os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+  with open(out, "w") as f:
+    f.write(text)
+  return text
+
+
+def _provenance(zoo: Zoo, rs: list[dict], thr_doc, link_doc) -> list[str]:
+  out = ["## Where the numbers come from", ""]
+  missing = [r["name"] for r in rs if not r["acc"]]
+  partial = [f"{r['name']} ({r['acc']['seeds']})" for r in rs
+             if r["acc"] and r["acc"]["seeds"] < len(zoo.module.SEEDS)]
+  out.append(f"* Accuracy and bytes: `{zoo.runs_dir}/<compressor>/seed<S>/summary.json` (each run's "
+             "`command.txt` reruns it). " + (f"Not run yet: {', '.join(missing)}. " if missing else "")
+             + (f"Fewer seeds than configured: {', '.join(partial)}." if partial else ""))
+  if thr_doc:
+    out.append(f"* Throughput: `{zoo.throughput_json}` ({thr_doc['machine']}, JAX {thr_doc['jax']}, "
+               f"median of {thr_doc['repeats']} repeats).")
+  else:
+    out.append(f"* Throughput: not measured yet (`python -m experiments.zoo --steps throughput,report` on an "
+               "idle machine).")
+  if link_doc:
+    out.append(f"* Link step times: `{zoo.link_json}` ({link_doc['processes']} processes, "
+               f"{link_doc['link']}, {link_doc.get('steps', '?')} timed steps each, {link_doc.get('machine', '')}).")
+  else:
+    out.append("* Link step times: not measured yet (`sudo .venv/bin/python -m experiments.zoo --steps "
+               "link,report` on an idle machine; needs root and iproute2).")
+  out += ["", "To rerun one cell by hand: `python -m experiments.train --config configs/zoo.py --workdir DIR "
+          "--config.compressor=NAME --config.compressor_kwargs='{...}' --config.seed=S` with the row's "
+          "settings (non-kwarg settings such as `min_size` or `optimizer` as `--config.KEY=VALUE`).", ""]
+  return out
+
+
+def main(argv=None) -> int:
+  args = _parse(sys.argv[1:] if argv is None else list(argv))
+  zoo = Zoo(args.config, args.root)
+  print(f"[zoo] {len(zoo.names())} compressors: {', '.join(zoo.names())}", flush=True)
+  if "accuracy" in args.steps:
+    run_accuracy(zoo)
+  if "throughput" in args.steps:
+    run_throughput(zoo, args.size or zoo.module.THROUGHPUT_SIZE, args.repeats, args.force)
+  if "link" in args.steps:
+    run_link(zoo, args.link_steps, args.force)
+  if "report" in args.steps:
+    report(zoo, args.out, args.plot)
+    print(f"[zoo] wrote {args.out} and {args.plot}", flush=True)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
