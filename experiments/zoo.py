@@ -93,6 +93,13 @@ class Zoo:
         seen.append(comp)
     return seen
 
+  def seeds_per_name(self) -> dict[str, int]:
+    """How many runs (seeds) the sweep has per compressor."""
+    out: dict[str, int] = {}
+    for name, _ in self.module.get_sweep(self.arg or None):
+      out[name.split("/")[0]] = out.get(name.split("/")[0], 0) + 1
+    return out
+
   def row(self, name: str) -> dict:
     return self.module.SETTINGS[name]
 
@@ -284,6 +291,11 @@ def rows(zoo: Zoo) -> list[dict]:
   return out
 
 
+def _size_label(n: int) -> str:
+  from benchmarks import compressors as bench  # pylint: disable=g-import-not-at-top
+  return bench.size_label(n) if n >= 2**20 else f"{n:,}-value"
+
+
 def _fmt_bytes(b: float) -> str:
   return f"{b / 1e6:.3f} MB" if b >= 1e5 else f"{b / 1e3:.1f} kB"
 
@@ -311,7 +323,7 @@ def _wrappers() -> set[str]:
 
 def table(zoo: Zoo, rs: list[dict]) -> list[str]:
   lines = ["| compressor | settings | test accuracy (%) | spread over seeds | bytes / worker / step | "
-           "ratio to float | encode+decode at 4M (vs float32 copy) | step over link (s) | speedup | "
+           "ratio to float | encode+decode (vs float32 copy) | step over link (s) | speedup | "
            "settings from |",
            "|---|---|---:|---|---:|---:|---:|---:|---:|---|"]
   for r in rs:
@@ -359,6 +371,7 @@ def report(zoo: Zoo, out: str, plot_path: str) -> str:
   seeds = sorted({r["acc"]["seeds"] for r in measured})
   steps = sorted({r["acc"]["steps"] for r in measured})
   thr_doc, link_doc = _load(zoo.throughput_json), _load(zoo.link_json)
+  thr_size = _size_label(thr_doc["size"]) if thr_doc else m.THROUGHPUT_SIZE
   drawn = plot(rs, plot_path, f"LeNet, {c.dataset}, {c.workers} workers, {'/'.join(map(str, steps))} steps")
   rel = os.path.relpath(os.path.abspath(plot_path), os.path.dirname(os.path.abspath(out)))
   lines = [
@@ -390,13 +403,13 @@ def report(zoo: Zoo, out: str, plot_path: str) -> str:
       "**Columns.** Test accuracy: mean over the seeds; spread: sample standard deviation and "
       "min–max. Bytes: what one worker sends per step (`mean_bytes_on_wire` of the run, averaged "
       "over its steps, so `local_steps` counts its silent steps); ratio: float32 bytes over those. "
-      f"Encode+decode: million values per second on one {m.THROUGHPUT_SIZE} float32 tensor and, in "
+      f"Encode+decode: million values per second on one {thr_size} float32 tensor and, in "
       "brackets, that as a fraction of a float32 copy's speed measured side by side "
       "(`benchmarks.compressors`, with the zoo's settings). Step over link: median time of a whole "
-      f"LeNet training step at {m.LINK_PROCESSES} processes, one worker each, over an emulated "
-      f"{m.LINK_RATE} link (`benchmarks.train_step_link`; the optimizer there is TG-F3's for every "
-      "row, which does not change the step's communication); speedup: float's step time over "
-      "the row's. A cell that says *not measured* has no measurement in the committed files.",
+      f"LeNet training step at {m.LINK_PROCESSES} processes, one worker each (the same total batch "
+      f"{c.batch_size}), over an emulated {m.LINK_RATE} link (`benchmarks.train_step_link`; the "
+      "optimizer there is TG-F3's for every row, which does not change what is sent); speedup: "
+      "float's step time over the row's. A cell that says *not measured* has no measurement in the committed files.",
       "",
   ]
   if measured:
@@ -413,8 +426,9 @@ def report(zoo: Zoo, out: str, plot_path: str) -> str:
 def _provenance(zoo: Zoo, rs: list[dict], thr_doc, link_doc) -> list[str]:
   out = ["## Where the numbers come from", ""]
   missing = [r["name"] for r in rs if not r["acc"]]
-  partial = [f"{r['name']} ({r['acc']['seeds']})" for r in rs
-             if r["acc"] and r["acc"]["seeds"] < len(zoo.module.SEEDS)]
+  configured = zoo.seeds_per_name()
+  partial = [f"{r['name']} ({r['acc']['seeds']} of {configured.get(r['name'], 0)})" for r in rs
+             if r["acc"] and r["acc"]["seeds"] < configured.get(r["name"], 0)]
   out.append(f"* Accuracy and bytes: `{zoo.runs_dir}/<compressor>/seed<S>/summary.json` (each run's "
              "`command.txt` reruns it). " + (f"Not run yet: {', '.join(missing)}. " if missing else "")
              + (f"Fewer seeds than configured: {', '.join(partial)}." if partial else ""))
