@@ -152,7 +152,7 @@ def run_throughput(zoo: Zoo, size: str, repeats: int, force: bool) -> None:
   """Times encode + decode of each compressor's tensor of ``size`` values beside a float32 copy.
 
   ``none`` (nothing to encode) and optimizer wrappers (``local_steps``: no
-  encoding of their own) have no row.
+  compressor of their own that ``benchmarks.compressors`` can build) have no row.
   """
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
@@ -262,12 +262,13 @@ def accuracy_cells(summaries: list[dict]) -> dict[str, Any]:
   return {"seeds": len(accs), "mean": statistics.mean(accs),
           "sd": statistics.stdev(accs) if len(accs) > 1 else None, "min": min(accs), "max": max(accs),
           "bytes": wire, "ratio": floats / wire if wire else math.inf,
-          "steps": summaries[0]["steps"], "train_s": statistics.mean(s["train_time_sec"] for s in summaries)}
+          "steps": summaries[0]["steps"], "train_s": statistics.mean(s["train_time_sec"] for s in summaries),
+          "wall_s": statistics.mean(s["wall_time_sec"] for s in summaries)}
 
 
 def settings_text(row: dict) -> str:
   """``key=value`` of the compressor's kwargs and other config overrides, as the sweep passes them."""
-  parts = [f"{k}={v!r}" if isinstance(v, str) else f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
+  parts = [f"{k}={v!r}" if isinstance(v, (str, float)) else f"{k}={v}"
            for k, v in {**row["kwargs"], **row.get("config", {})}.items()]
   return ", ".join(f"`{p}`" for p in parts) or "defaults"
 
@@ -312,7 +313,7 @@ def _throughput_text(name: str, r: Optional[dict]) -> str:
   if name == "none":
     return "— (no encoding)"
   if r is None:
-    return NOT_MEASURED if name not in _wrappers() else "— (float exchange)"
+    return NOT_MEASURED if name not in _wrappers() else "— (optimizer wrapper)"
   return f"{r['melem_per_s']:.0f} M el/s ({r['vs_copy']:.0%})"
 
 
@@ -368,8 +369,8 @@ def report(zoo: Zoo, out: str, plot_path: str) -> str:
   m, c = zoo.module, zoo.base
   rs = rows(zoo)
   measured = [r for r in rs if r["acc"]]
-  seeds = sorted({r["acc"]["seeds"] for r in measured})
   steps = sorted({r["acc"]["steps"] for r in measured})
+  seeds = sorted({o["seed"] for _, o in m.get_sweep(zoo.arg or None)})
   thr_doc, link_doc = _load(zoo.throughput_json), _load(zoo.link_json)
   thr_size = _size_label(thr_doc["size"]) if thr_doc else m.THROUGHPUT_SIZE
   drawn = plot(rs, plot_path, f"LeNet, {c.dataset}, {c.workers} workers, {'/'.join(map(str, steps))} steps")
@@ -385,12 +386,14 @@ def report(zoo: Zoo, out: str, plot_path: str) -> str:
       f"({c.momentum}, base LR {c.learning_rate}, polynomial decay with power {c.lr_power}), weight "
       f"decay {c.weight_decay}, evaluated with the parameter EMA TernGrad uses; the same "
       f"{'/'.join(map(str, steps)) or c.num_train_steps} steps and seeds "
-      f"{', '.join(map(str, m.SEEDS[:max(seeds, default=len(m.SEEDS))]))} for every compressor "
+      f"{', '.join(map(str, seeds))} for every compressor "
       "(`configs/zoo.py`).",
       "",
-      f"**Reduced scale.** {c.num_train_steps} steps instead of TG-F3's 10,000, so that the whole zoo "
-      "(one process per run, about 20 compressors × 3 seeds) runs in about half an hour on a 2-core CPU "
-      "machine. The accuracies compare compressors after a short run, not converged accuracies; "
+      f"**Reduced scale.** {c.num_train_steps} steps instead of TG-F3's 10,000 (LeNet reaches about "
+      "80% on Fashion-MNIST by then), so that the whole zoo fits in about an hour of a 2-core CPU "
+      "machine. Each run is its own process (`experiments.sweep`), and its start-up (imports, "
+      "loading the data, compiling) costs about as much as its training steps: " + _timing_text(measured)
+      + " The accuracies compare compressors after a short run, not converged accuracies; "
       "compressors that start slowly (warm-ups, error feedback that has not caught up) are at a "
       "disadvantage here that a full run would not show.",
       "",
@@ -421,6 +424,19 @@ def report(zoo: Zoo, out: str, plot_path: str) -> str:
   with open(out, "w") as f:
     f.write(text)
   return text
+
+
+def _timing_text(measured: list[dict]) -> str:
+  """The runs' measured in-process and training times (from their summaries)."""
+  if not measured:
+    return "no run has finished yet."
+  n = sum(r["acc"]["seeds"] for r in measured)
+  wall = sum(r["acc"]["wall_s"] * r["acc"]["seeds"] for r in measured)
+  train = sum(r["acc"]["train_s"] * r["acc"]["seeds"] for r in measured)
+  return (f"the {n} runs here spent {wall / n:.0f} s each on average in their training loop "
+          f"(`wall_time_sec`: steps with compilation, and the evaluation; {train / n:.0f} s of it in "
+          f"training steps), {wall / 60:.0f} min in all, plus each process's start-up (imports, "
+          "loading the data), on a machine shared with other jobs.")
 
 
 def _provenance(zoo: Zoo, rs: list[dict], thr_doc, link_doc) -> list[str]:
