@@ -6,9 +6,9 @@ settings, ``configs/zoo.py:SETTINGS``) in four steps, each resumable:
 1. ``accuracy``: the sweep ``configs/zoo.py`` (compressor x seed, LeNet, 8
    simulated workers) through ``experiments.sweep``; finished runs are skipped.
    Writes ``ROOT/zoo/<dataset>/<compressor>/seed<S>/``.
-2. ``throughput``: encode + decode throughput of each compressor at 4M values
-   beside a float32 copy, as ``benchmarks.compressors`` measures it (its
-   ``bench_one``), with the zoo's settings. Writes ``ROOT/zoo/throughput.json``.
+2. ``throughput``: encode + decode throughput of each compressor on a 4M-value
+   float32 matrix beside a float32 copy, as ``benchmarks.compressors`` measures
+   it (its ``bench_one``), with the zoo's settings. Writes ``ROOT/zoo/throughput.json``.
 3. ``link``: whole LeNet training steps at 2 processes over an emulated
    100 Mbit/s link, through ``benchmarks.train_step_link`` (needs root and
    iproute2). Writes ``ROOT/zoo/link_steps.json``.
@@ -148,8 +148,19 @@ def _write(path: str, doc: dict) -> None:
     f.write(json.dumps(doc, indent=1, default=float) + "\n")
 
 
+def throughput_shape(n: int) -> tuple[int, int]:
+  """The tensor timed: ``n`` values as a matrix of 1024 columns, as a layer's weights are.
+
+  A matrix rather than ``benchmarks.compressors``' flat vector, so that PowerSGD
+  (which sends vectors uncompressed) compresses it as it does a layer.
+  """
+  if n % 1024:
+    raise ValueError(f"the throughput size must be a multiple of 1024, got {n}")
+  return (n // 1024, 1024)
+
+
 def run_throughput(zoo: Zoo, size: str, repeats: int, force: bool) -> None:
-  """Times encode + decode of each compressor's tensor of ``size`` values beside a float32 copy.
+  """Times encode + decode of a ``size``-value float32 matrix for each compressor beside a float32 copy.
 
   ``none`` (nothing to encode) and optimizer wrappers (``local_steps``: no
   compressor of their own that ``benchmarks.compressors`` can build) have no row.
@@ -174,13 +185,13 @@ def run_throughput(zoo: Zoo, size: str, repeats: int, force: bool) -> None:
         flush=True)
   if not todo:
     return
-  x = jax.random.normal(jax.random.PRNGKey(0), (n,), jnp.float32)
+  x = jax.random.normal(jax.random.PRNGKey(0), throughput_shape(n), jnp.float32)
   key = jax.random.PRNGKey(1)
   copy = jax.jit(lambda v: v * jnp.float32(2.0))
   for name in todo:
     kwargs = zoo.row(name)["kwargs"]
     r = bench.bench_one(bench.compressor_of(name, **kwargs), x, key, copy, repeats)
-    r.update(compressor=name, kwargs=kwargs, size=n, melem_per_s=n / r["total_s"] / 1e6,
+    r.update(compressor=name, kwargs=kwargs, size=n, shape=list(x.shape), melem_per_s=n / r["total_s"] / 1e6,
              copy_melem_per_s=n / r["copy_s"] / 1e6, measured=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
     doc["results"].append(r)
     _write(zoo.throughput_json, doc)  # after each row, so an interrupted step keeps what it measured
@@ -406,7 +417,7 @@ def report(zoo: Zoo, out: str, plot_path: str) -> str:
       "**Columns.** Test accuracy: mean over the seeds; spread: sample standard deviation and "
       "min–max. Bytes: what one worker sends per step (`mean_bytes_on_wire` of the run, averaged "
       "over its steps, so `local_steps` counts its silent steps); ratio: float32 bytes over those. "
-      f"Encode+decode: million values per second on one {thr_size} float32 tensor and, in "
+      f"Encode+decode: million values per second on one {thr_size} float32 matrix (1024 columns) and, in "
       "brackets, that as a fraction of a float32 copy's speed measured side by side "
       "(`benchmarks.compressors`, with the zoo's settings). Step over link: median time of a whole "
       f"LeNet training step at {m.LINK_PROCESSES} processes, one worker each (the same total batch "

@@ -90,6 +90,7 @@ def test_runlocal_runs_then_reports_from_files_alone(tmp_path):
   assert all(v["steps"] == zoo_config.RUNLOCAL_STEPS and v["workers"] == 8 for v in s.values())
   thr = json.load(open(tmp_path / "zoo" / "throughput.json"))
   assert [r["compressor"] for r in thr["results"]] == ["terngrad"] and thr["size"] == 64 * 1024
+  assert thr["results"][0]["shape"] == [64, 1024]
 
   # The report again, from the files alone: nothing is rerun.
   again = subprocess.run(base + ["--report"] + docs, cwd=ROOT, capture_output=True, text=True, timeout=300,
