@@ -89,8 +89,8 @@ SETTINGS: dict[str, dict] = {
     "topk": {"kwargs": {"fraction": 0.05, "wire": "bitmap"},
              "paper": "3LC §4.2's \"5% sparsification\" (sampled threshold, bitmap wire, error feedback)"},
     "powersgd": {"kwargs": {"rank": 2},
-                 "paper": "PowerSGD (Vogels et al., NeurIPS 2019, arXiv:1905.13727) §5: rank 2, warm start, "
-                          "error feedback"},
+                 "paper": "PowerSGD (Vogels et al., NeurIPS 2019, arXiv:1905.13727): rank 2 as in its CIFAR-10 "
+                          "comparisons, warm start, error feedback"},
     "threshold": {"kwargs": {"tau": 0.001, "capacity": 1 / 32},
                   "paper": "Dryden et al. (MLHPC 2016) §3.2: fixed threshold τ = 0.001 (configs/dryden_mlp.py)"},
     "adaptive": {"kwargs": {"proportion": 1 / 64, "sample": 128, "capacity": 1 / 32},
@@ -112,14 +112,14 @@ SETTINGS: dict[str, dict] = {
                 "paper": "natural compression (Horváth et al., arXiv:1905.10988): stochastic rounding to "
                          "powers of two"},
     "signum": {"kwargs": {"beta": 0.9}, "config": {"optimizer": "sgd", "learning_rate": SIGN_LR},
-               "paper": "Signum (Bernstein et al., ICML 2018, arXiv:1802.04434) Alg. 3: momentum 0.9 inside, "
-                        "majority vote, plain SGD with LR 1e-3 (SIGN_LR)"},
+               "paper": "Signum with majority vote (Bernstein et al., ICLR 2019, arXiv:1810.05291) Alg. 1: "
+                        "momentum 0.9 inside, plain SGD with LR 1e-3 (SIGN_LR)"},
     "dgc": {"kwargs": {"sparsity": 0.999, "warmup_steps": _steps_fraction(0.05)},
-            "paper": "Deep Gradient Compression (Lin et al., ICLR 2018, arXiv:1712.01887) §3-4: 99.9% sparsity "
-                     "after an exponential warm-up (the first 4 of 90 epochs, ~5% of the steps)"},
+            "paper": "Deep Gradient Compression (Lin et al., ICLR 2018, arXiv:1712.01887): 99.9% sparsity "
+                     "after its exponential warm-up (4 of ImageNet's 90 epochs: ~5% of the steps)"},
     "onebit_adam": {"kwargs": {"freeze_step": _steps_fraction(0.15)},
                     "config": {"optimizer": "adam", "learning_rate": 1e-3},
-                    "paper": "1-bit Adam (Tang et al., ICML 2021, arXiv:2102.02888) §4: full Adam for the "
+                    "paper": "1-bit Adam (Tang et al., ICML 2021, arXiv:2102.02888): full Adam for the "
                              "warm-up (~15% of the steps), then 1-bit compressed momentum with frozen variance"},
 }
 
