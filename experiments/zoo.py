@@ -103,6 +103,15 @@ class Zoo:
   def row(self, name: str) -> dict:
     return self.module.SETTINGS[name]
 
+  def link_overrides(self, name: str) -> tuple[str, ...]:
+    """The row's config overrides that the link timing keeps: the optimizer and its learning rate.
+
+    Some compressors need their optimizer to build at all (1-bit Adam is the
+    optimizer and wants plain SGD after it); ``min_size`` goes in the method.
+    """
+    config = self.row(name).get("config", {})
+    return tuple(f"{k}={config[k]}" for k in ("optimizer", "learning_rate") if k in config)
+
   def method(self, name: str) -> str:
     """``name:key=value:...`` for ``benchmarks.train_step_link`` (compressor kwargs and ``min_size``)."""
     row = self.row(name)
@@ -228,23 +237,34 @@ def run_link(zoo: Zoo, timed_steps: int, force: bool) -> None:
         f"{zoo.link_json}", flush=True)
   if not todo:
     return
+  groups: dict[tuple, list[str]] = {}  # one train_step_link run per set of config overrides
+  for name in todo:
+    groups.setdefault(zoo.link_overrides(name), []).append(name)
+  for overrides, names in groups.items():
+    new = _time_link_steps(zoo, names, overrides, timed_steps)
+    if doc is None:
+      doc = {k: v for k, v in new.items() if k not in ("results", "overrides")}
+      doc.update(processes=processes, link=rate, results=[])
+    doc["results"] += new["results"]
+    _write(zoo.link_json, doc)  # after each group, so an interrupted step keeps what it measured
+
+
+def _time_link_steps(zoo: Zoo, names: list[str], overrides: tuple[str, ...], timed_steps: int) -> dict:
+  """``benchmarks.train_step_link``'s document for ``names``, each result tagged with its compressor."""
   part = zoo.link_json + ".part"
-  cmd = [sys.executable, "-m", "benchmarks.train_step_link", "--processes", str(processes), "--link", rate,
-         "--configs", "lenet", "--methods", ",".join(zoo.method(n) for n in todo),
-         "--steps", str(timed_steps), "--json", part]
+  os.makedirs(zoo.dir, exist_ok=True)
+  cmd = [sys.executable, "-m", "benchmarks.train_step_link", "--processes", str(zoo.module.LINK_PROCESSES),
+         "--link", zoo.module.LINK_RATE, "--configs", "lenet", "--methods", ",".join(zoo.method(n) for n in names),
+         "--steps", str(timed_steps), "--json", part] + [f"--set={kv}" for kv in overrides]
   print(f"[zoo] {' '.join(cmd[1:])}", flush=True)
   proc = subprocess.run(cmd)
   if proc.returncode != 0 or not os.path.exists(part):
     raise SystemExit(f"[zoo] benchmarks.train_step_link failed (exit {proc.returncode})")
   new = _load(part)
   os.remove(part)
-  for name, r in zip(todo, new["results"]):
-    r["compressor"] = name
-  if doc is None:
-    doc = {k: v for k, v in new.items() if k != "results"}
-    doc.update(processes=processes, link=rate, results=[])
-  doc["results"] += new["results"]
-  _write(zoo.link_json, doc)
+  for name, r in zip(names, new["results"]):
+    r.update(compressor=name, overrides=list(overrides))
+  return new
 
 
 # ----------------------------------------------------------------------------
@@ -411,8 +431,9 @@ def report(zoo: Zoo, out: str, plot_path: str) -> str:
       "**One rule for every row.** Every LeNet tensor goes through the compressor (TG-F3 compresses "
       "all of LeNet's layers; no exception for the last layer or biases), except where the "
       "compressor's paper keeps small tensors in float (`min_size`). The optimizer is TG-F3's unless "
-      "the row's settings name another (sign updates move every weight by ± the learning rate, so "
-      "they take plain SGD with their own rate; 1-bit Adam is Adam).",
+      "the row's settings name another: sign updates move every weight by ± the learning rate, so "
+      "they take plain SGD with their own rate; DGC's momentum correction replaces the optimizer's "
+      "momentum; 1-bit Adam is the optimizer itself.",
       "",
       "**Columns.** Test accuracy: mean over the seeds; spread: sample standard deviation and "
       "min–max. Bytes: what one worker sends per step (`mean_bytes_on_wire` of the run, averaged "
@@ -421,9 +442,9 @@ def report(zoo: Zoo, out: str, plot_path: str) -> str:
       "brackets, that as a fraction of a float32 copy's speed measured side by side "
       "(`benchmarks.compressors`, with the zoo's settings). Step over link: median time of a whole "
       f"LeNet training step at {m.LINK_PROCESSES} processes, one worker each (the same total batch "
-      f"{c.batch_size}), over an emulated {m.LINK_RATE} link (`benchmarks.train_step_link`; the "
-      "optimizer there is TG-F3's for every row, which does not change what is sent); speedup: "
-      "float's step time over the row's. A cell that says *not measured* has no measurement in the committed files.",
+      f"{c.batch_size}), over an emulated {m.LINK_RATE} link (`benchmarks.train_step_link`, with "
+      "the row's settings and optimizer; for `local_steps` with k = 2 the median of an even number of "
+      "steps is the mean of a silent and an exchanging step); speedup: float's step time over the row's. A cell that says *not measured* has no measurement in the committed files.",
       "",
   ]
   if measured:

@@ -69,6 +69,16 @@ def test_link_methods_carry_the_settings(name):
   assert link.method_spec(z.method(name)) == (name, expected)
 
 
+def test_link_timing_keeps_the_rows_optimizer():
+  from benchmarks import train_step_link  # pylint: disable=g-import-not-at-top
+  z = zoo.Zoo("configs/zoo.py", "runs")
+  assert z.link_overrides("terngrad") == ()
+  overrides = z.link_overrides("signsgd")
+  assert overrides == ("optimizer=sgd", f"learning_rate={zoo_config.SIGN_LR}")
+  c = train_step_link._config("lenet", z.method("signsgd"), 2, overrides)
+  assert (c.optimizer, c.learning_rate, c.compressor, c.workers) == ("sgd", zoo_config.SIGN_LR, "signsgd", 2)
+
+
 def test_link_step_without_root_says_so(monkeypatch, tmp_path):
   monkeypatch.setattr(os, "geteuid", lambda: 1000)
   assert "root" in zoo.link_available()
