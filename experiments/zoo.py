@@ -450,12 +450,29 @@ def report(zoo: Zoo, out: str, plot_path: str) -> str:
   if measured:
     lines += [f"![accuracy against bytes]({rel})", ""] if drawn else []
   lines += table(zoo, rs) + [""]
+  lines += _weak_runs(zoo)
   lines += _provenance(zoo, rs, thr_doc, link_doc)
   text = "\n".join(lines).rstrip() + "\n"
   os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
   with open(out, "w") as f:
     f.write(text)
   return text
+
+
+def _weak_runs(zoo: Zoo, below: float = 0.5) -> list[str]:
+  """A line per run that ended below ``below`` test accuracy, with its final losses, so the table's
+  low cells and wide spreads are read for what they are."""
+  out = []
+  for name, summaries in _summaries(zoo).items():
+    for s in summaries:
+      if s["test_accuracy"] < below:
+        out.append(f"`{name}` seed {s['seed']}: {100 * s['test_accuracy']:.2f}% (chance is 10%), final "
+                   f"training loss {s['final_train_loss']:.3f}, test loss {s['test_loss']:.3f}")
+  if not out:
+    return []
+  return [f"**Runs that ended below {below:.0%} test accuracy** (part of the means above, not left "
+          "out): " + "; ".join(out) + ". At these settings and this short run they learn slowly "
+          "or not at all; the settings are their papers', not tuned for LeNet here.", ""]
 
 
 def _timing_text(measured: list[dict]) -> str:
