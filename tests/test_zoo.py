@@ -59,6 +59,18 @@ def test_sweep_takes_registered_names_at_run_time(monkeypatch):
   assert [n for n, _ in zoo_config.get_sweep("runlocal")] == [f"{n}/seed0" for n in zoo_config.RUNLOCAL_NAMES]
 
 
+def test_every_rows_overrides_reach_the_config_intact():
+  # The sweep passes --config.KEY=format_value(v); ml_collections reads containers with
+  # ast.literal_eval, so JSON's `true` (randomk's error_feedback=True) must not be what it gets.
+  import ast  # pylint: disable=g-import-not-at-top
+  from experiments import sweep  # pylint: disable=g-import-not-at-top
+  for name in zoo_config.SETTINGS:
+    for key, value in zoo_config.overrides(name, 0).items():
+      text = sweep.format_value(value)
+      assert (ast.literal_eval(text) if isinstance(value, dict) else text) == (
+          value if isinstance(value, dict) else str(value)), (name, key, text)
+
+
 @pytest.mark.parametrize("name", zoo_config.registered())
 def test_link_methods_carry_the_settings(name):
   z = zoo.Zoo("configs/zoo.py", "runs")
