@@ -370,27 +370,37 @@ def table(zoo: Zoo, rs: list[dict]) -> list[str]:
 
 
 def plot(rs: list[dict], path: str, title: str) -> Optional[str]:
-  """Accuracy (mean, bars: min–max over seeds) against bytes per worker per step, log x."""
+  """Accuracy (mean, bars: min–max over seeds) against bytes per worker per step, log x.
+
+  Two panels: every compressor, and a zoom on those within 5 points of the best mean (they
+  crowd near the top of the first panel).
+  """
   pts = [r for r in rs if r["acc"]]
   if not pts:
     return None
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  fig, ax = plt.subplots(figsize=(8, 5.5))
-  for r in pts:
-    a = r["acc"]
-    ax.errorbar([a["bytes"]], [a["mean"]], yerr=[[a["mean"] - a["min"]], [a["max"] - a["mean"]]],
-                fmt="o", capsize=3, markersize=5)
-    ax.annotate(r["name"], (a["bytes"], a["mean"]), textcoords="offset points", xytext=(5, 4), fontsize=8)
-  ax.set_xscale("log")
-  ax.set_xlabel("bytes on the wire per worker per step (log)")
-  ax.set_ylabel("test accuracy (%), mean over seeds; bars: min–max")
-  ax.grid(alpha=0.3, which="both")
-  ax.set_title(title, fontsize=10)
+  best = max(r["acc"]["mean"] for r in pts)
+  top = [r for r in pts if r["acc"]["mean"] >= best - 5]
+  color = {r["name"]: f"C{k % 10}" for k, r in enumerate(pts)}  # the same in both panels
+  fig, axes = plt.subplots(1, 2, figsize=(14, 5.5))
+  for ax, group in zip(axes, (pts, top)):
+    for r in group:
+      a = r["acc"]
+      ax.errorbar([a["bytes"]], [a["mean"]], yerr=[[a["mean"] - a["min"]], [a["max"] - a["mean"]]],
+                  fmt="o", capsize=3, markersize=5, color=color[r["name"]])
+      ax.annotate(r["name"], (a["bytes"], a["mean"]), textcoords="offset points", xytext=(5, 4),
+                  fontsize=8, color=color[r["name"]])
+    ax.set_xscale("log")
+    ax.set_xlabel("bytes on the wire per worker per step (log)")
+    ax.grid(alpha=0.3, which="both")
+  axes[0].set_ylabel("test accuracy (%), mean over seeds; bars: min–max")
+  axes[0].set_title(title, fontsize=10)
+  axes[1].set_title(f"zoom: within 5 points of the best mean ({best:.2f}%)", fontsize=10)
   fig.tight_layout()
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  fig.savefig(path, dpi=120)
+  fig.savefig(path, dpi=110)
   plt.close(fig)
   return path
 
@@ -422,8 +432,7 @@ def report(zoo: Zoo, out: str, plot_path: str) -> str:
       "",
       f"**Reduced scale.** {c.num_train_steps} steps instead of TG-F3's 10,000 (LeNet reaches about "
       "80% on Fashion-MNIST by then), so that the whole zoo fits in about an hour of a 2-core CPU "
-      "machine. Each run is its own process (`experiments.sweep`), and its start-up (imports, "
-      "loading the data, compiling) costs about as much as its training steps: " + _timing_text(measured)
+      "machine; each run is its own process (`experiments.sweep`): " + _timing_text(measured)
       + " The accuracies compare compressors after a short run, not converged accuracies; "
       "compressors that start slowly (warm-ups, error feedback that has not caught up) are at a "
       "disadvantage here that a full run would not show.",
