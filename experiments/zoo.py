@@ -113,9 +113,10 @@ class Zoo:
     return tuple(f"{k}={config[k]}" for k in ("optimizer", "learning_rate") if k in config)
 
   def method(self, name: str) -> str:
-    """``name:key=value:...`` for ``benchmarks.train_step_link`` (compressor kwargs and ``min_size``)."""
+    """``name:key=value:...`` for ``benchmarks.train_step_link``: the row's kwargs (with its ``link``
+    ones: warm-ups end before the timed steps) and ``min_size``."""
     row = self.row(name)
-    kwargs = dict(row["kwargs"])
+    kwargs = {**row["kwargs"], **row.get("link", {})}
     if "min_size" in row.get("config", {}):
       kwargs["min_size"] = row["config"]["min_size"]
     for k, v in kwargs.items():
@@ -452,8 +453,10 @@ def report(zoo: Zoo, out: str, plot_path: str) -> str:
       "(`benchmarks.compressors`, with the zoo's settings). Step over link: median time of a whole "
       f"LeNet training step at {m.LINK_PROCESSES} processes, one worker each (the same total batch "
       f"{c.batch_size}), over an emulated {m.LINK_RATE} link (`benchmarks.train_step_link`, with "
-      "the row's settings and optimizer; for `local_steps` with k = 2 the median of an even number of "
-      "steps is the mean of a silent and an exchanging step); speedup: float's step time over the row's. A cell that says *not measured* has no measurement in the committed files.",
+      "the row's settings and optimizer, warm-ups (DGC, 1-bit Adam) ended before the timed steps; "
+      "for `local_steps` with k = 2 the median of an even number of steps is the mean of a silent "
+      "and an exchanging step); speedup: float's step time over the row's. A cell that says "
+      "*not measured* has no measurement in the committed files.",
       "",
   ]
   if measured:
