@@ -69,9 +69,9 @@ def _steps_fraction(fraction: float) -> int:
 
 
 # name -> {"kwargs": compressor_kwargs, "config": other config overrides, "paper": where the settings are
-# from, "link": kwargs that replace "kwargs"' for the link timing}. The link timing times a few steps
-# after 2 warm-up steps, so a row whose compression starts late (DGC's warm-up, 1-bit Adam's Adam
-# stage) starts it at once there: the timed steps are those of the compressed stage.
+# from, "timing": kwargs that replace "kwargs"' for the throughput and link timings}. Those time a
+# few calls from the start, so a row whose compression starts late (DGC's warm-up, 1-bit Adam's
+# Adam stage) starts it at once there: the timed calls are those of the compressed stage.
 # Rows for compressors that are not registered yet are ignored (get_sweep takes
 # jaxcomp.names() at run time); tests/test_zoo.py checks every registered
 # name has a row.
@@ -119,11 +119,11 @@ SETTINGS: dict[str, dict] = {
                "paper": "Signum with majority vote (Bernstein et al., ICLR 2019, arXiv:1810.05291) Alg. 1: "
                         "momentum 0.9 inside, plain SGD with LR 1e-3 (SIGN_LR)"},
     "dgc": {"kwargs": {"density": 0.001, "warmup_steps": _steps_fraction(0.05)}, "config": {"optimizer": "sgd"},
-            "link": {"warmup_steps": 0},
+            "timing": {"warmup_steps": 0},
             "paper": "Deep Gradient Compression (Lin et al., ICLR 2018, arXiv:1712.01887) §3: 99.9% sparsity "
                      "after its exponential warm-up (4 of ImageNet's 90 epochs: ~5% of the steps); its momentum "
                      "correction (0.9) replaces the optimizer's momentum, so plain SGD with TG-F3's LR"},
-    "onebit_adam": {"kwargs": {"freeze_step": _steps_fraction(0.15)}, "link": {"freeze_step": 1},
+    "onebit_adam": {"kwargs": {"freeze_step": _steps_fraction(0.15)}, "timing": {"freeze_step": 1},
                     "config": {"optimizer": "sgd", "learning_rate": 1e-3},
                     "paper": "1-bit Adam (Tang et al., ICML 2021, arXiv:2102.02888): full Adam for the "
                              "warm-up (~15% of the steps), then 1-bit compressed momentum with frozen variance; "

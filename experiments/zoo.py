@@ -112,11 +112,15 @@ class Zoo:
     config = self.row(name).get("config", {})
     return tuple(f"{k}={config[k]}" for k in ("optimizer", "learning_rate") if k in config)
 
-  def method(self, name: str) -> str:
-    """``name:key=value:...`` for ``benchmarks.train_step_link``: the row's kwargs (with its ``link``
-    ones: warm-ups end before the timed steps) and ``min_size``."""
+  def timing_kwargs(self, name: str) -> dict:
+    """The row's kwargs, with its ``timing`` ones: warm-ups end before the timed calls."""
     row = self.row(name)
-    kwargs = {**row["kwargs"], **row.get("link", {})}
+    return {**row["kwargs"], **row.get("timing", {})}
+
+  def method(self, name: str) -> str:
+    """``name:key=value:...`` for ``benchmarks.train_step_link``: :meth:`timing_kwargs` and ``min_size``."""
+    row = self.row(name)
+    kwargs = self.timing_kwargs(name)
     if "min_size" in row.get("config", {}):
       kwargs["min_size"] = row["config"]["min_size"]
     for k, v in kwargs.items():
@@ -199,7 +203,7 @@ def run_throughput(zoo: Zoo, size: str, repeats: int, force: bool) -> None:
   key = jax.random.PRNGKey(1)
   copy = jax.jit(lambda v: v * jnp.float32(2.0))
   for name in todo:
-    kwargs = zoo.row(name)["kwargs"]
+    kwargs = zoo.timing_kwargs(name)
     r = bench.bench_one(bench.compressor_of(name, **kwargs), x, key, copy, repeats)
     r.update(compressor=name, kwargs=kwargs, size=n, shape=list(x.shape), melem_per_s=n / r["total_s"] / 1e6,
              copy_melem_per_s=n / r["copy_s"] / 1e6, measured=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
@@ -450,7 +454,7 @@ def report(zoo: Zoo, out: str, plot_path: str) -> str:
       "over its steps, so `local_steps` counts its silent steps); ratio: float32 bytes over those. "
       f"Encode+decode: million values per second on one {thr_size} float32 matrix (1024 columns) and, in "
       "brackets, that as a fraction of a float32 copy's speed measured side by side "
-      "(`benchmarks.compressors`, with the zoo's settings). Step over link: median time of a whole "
+      "(`benchmarks.compressors`, with the zoo's settings, warm-ups ended). Step over link: median time of a whole "
       f"LeNet training step at {m.LINK_PROCESSES} processes, one worker each (the same total batch "
       f"{c.batch_size}), over an emulated {m.LINK_RATE} link (`benchmarks.train_step_link`, with "
       "the row's settings and optimizer, warm-ups (DGC, 1-bit Adam) ended before the timed steps; "

@@ -22,7 +22,7 @@ def test_every_registered_compressor_has_a_settings_row():
   assert not missing, f"add a SETTINGS row to configs/zoo.py for {sorted(missing)}"
   for name, r in zoo_config.SETTINGS.items():
     assert isinstance(r["kwargs"], dict) and r["paper"], name
-    assert set(r) <= {"kwargs", "config", "paper", "link"}, name
+    assert set(r) <= {"kwargs", "config", "paper", "timing"}, name
 
 
 @pytest.mark.parametrize("name", zoo_config.registered())
@@ -73,7 +73,7 @@ def test_every_rows_overrides_reach_the_config_intact():
 def test_link_methods_carry_the_settings(name):
   z = zoo.Zoo("configs/zoo.py", "runs")
   r = zoo_config.SETTINGS[name]
-  expected = {**r["kwargs"], **r.get("link", {})}
+  expected = {**r["kwargs"], **r.get("timing", {})}
   if "min_size" in r.get("config", {}):
     expected["min_size"] = r["config"]["min_size"]
   assert link.method_spec(z.method(name)) == (name, expected)
