@@ -61,9 +61,12 @@ def _parse(argv):
   args.n = args.n or [8_000_000]
   for method in args.methods.split(","):
     try:
-      method_spec(method)
+      name, _ = method_spec(method)
     except ValueError as e:
       p.error(str(e))
+    if name not in _registry():
+      p.error(f"{name!r} wraps the optimizer; it has no exchange of its own to time here "
+              "(time its training steps with benchmarks.train_step_link)")
   if min(args.n) < 1 or args.trials < 1 or args.warmup < 1 or args.processes < 1:
     p.error("--n, --trials, --warmup (it compiles) and --processes must be at least 1")
   return args
@@ -76,12 +79,20 @@ def _sizes(text: str) -> list[int]:
     raise argparse.ArgumentTypeError(f"--n: comma-separated integers expected, got {text!r}") from None
 
 
+def _registry():
+  from jaxcomp import compressors  # pylint: disable=g-import-not-at-top
+  return compressors.REGISTRY
+
+
 def method_spec(method: str) -> tuple[str, dict]:
-  """``"name:key=value:..."`` as ``(name, kwargs)``; values are Python literals, else strings."""
+  """``"name:key=value:..."`` as ``(name, kwargs)``; values are Python literals, else strings.
+
+  ``name`` is a registered compressor or optimizer wrapper (``jaxcomp.names()``).
+  """
   import ast  # pylint: disable=g-import-not-at-top
   from jaxcomp import compressors  # pylint: disable=g-import-not-at-top
   name, *pairs = method.split(":")
-  if name not in compressors.REGISTRY:
+  if name not in compressors.names():  # compressors and optimizer wrappers (local_steps)
     raise ValueError(f"unknown method {name!r} in {method!r}; known: {', '.join(compressors.names())}")
   kwargs = {}
   for pair in pairs:

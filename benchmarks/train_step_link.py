@@ -13,6 +13,9 @@ Usage::
       --configs lenet,resnet --methods none,terngrad,threelc --json out.json
   .venv/bin/python -m benchmarks.train_step_link --report out1.json out2.json ...
 
+``--set KEY=VALUE`` overrides a config key for every method (e.g.
+``--set optimizer=sgd`` for 1-bit Adam, which is the optimizer itself).
+
 The configs: ``lenet`` is TG-F3's (``configs/terngrad_lenet.py:runlocal``,
 LeNet, total batch 64); ``resnet`` is 3LC-T1-link's
 (``configs/threelc_link.py``: ResNet-8, 32 images per worker, batch-norm
@@ -53,6 +56,8 @@ def _parse(argv):
   p.add_argument("--configs", default="lenet,resnet", help=f"comma-separated, of {sorted(CONFIGS)}")
   p.add_argument("--methods", default="none,terngrad,threelc")
   p.add_argument("--steps", type=int, default=5, help="timed steps per method (after 2 warm-up steps)")
+  p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                 help="a config override for every method, e.g. optimizer=sgd (repeatable)")
   p.add_argument("--json", default=None)
   p.add_argument("--report", nargs="+", default=None, metavar="JSON")
   p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -67,14 +72,30 @@ def _parse(argv):
       link.method_spec(method)
     except ValueError as e:
       p.error(str(e))
+  for kv in args.set:
+    key, eq, _ = kv.partition("=")
+    if not eq or key not in lenet_config(1):
+      p.error(f"--set {kv!r}: KEY=VALUE with a config key expected")
   if args.steps < 1 or args.processes < 1:
     p.error("--steps and --processes must be at least 1")
   return args
 
 
-def _config(name: str, method: str, processes: int):
+def _override(kv: str) -> tuple[str, object]:
+  """``"KEY=VALUE"`` as ``(key, value)``; the value a Python literal, else a string (as in methods)."""
+  import ast  # pylint: disable=g-import-not-at-top
+  key, _, value = kv.partition("=")
+  try:
+    return key, ast.literal_eval(value)
+  except (ValueError, SyntaxError):
+    return key, value
+
+
+def _config(name: str, method: str, processes: int, overrides=()):
   import ml_collections  # pylint: disable=g-import-not-at-top
   c = CONFIGS[name](processes)
+  for kv in overrides:
+    setattr(c, *_override(kv))  # ml_collections checks the type
   compressor, kwargs = link.method_spec(method)
   c.workers = processes
   c.max_devices = 1
@@ -121,13 +142,13 @@ def worker(args) -> int:
   for name in args.configs.split(","):
     for method in args.methods.split(","):
       with tempfile.TemporaryDirectory() as workdir:
-        run = train.build(_config(name, method, jax.process_count()), workdir)
+        run = train.build(_config(name, method, jax.process_count(), args.set), workdir)
         times = time_steps(run, args.steps)
       results.append({"config": name, "method": method, "step_time_sec": statistics.median(times),
                       "times_s": times})
       if rank == 0:
         print(f"{name} {method}: median step {results[-1]['step_time_sec']:.3f} s", flush=True)
-  return link.finish("train_step_link", results, args.json, steps=args.steps)
+  return link.finish("train_step_link", results, args.json, steps=args.steps, overrides=args.set)
 
 
 def report(paths) -> int:

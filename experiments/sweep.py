@@ -28,6 +28,7 @@ same command again to continue.
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import json
 import os
@@ -65,10 +66,17 @@ def load_config_module(path: str):
 
 
 def format_value(v: Any) -> str:
+  """``v`` as a ``--config.KEY=`` value; ml_collections reads containers with ``ast.literal_eval``."""
   if isinstance(v, bool):
     return str(v)
   if isinstance(v, (dict, list, tuple)):
-    return json.dumps(v)
+    text = json.dumps(v)
+    try:
+      if ast.literal_eval(text) == v:
+        return text
+    except (ValueError, SyntaxError):
+      pass
+    return repr(v)  # JSON's true/false/null are no Python literals: the Python spelling
   return str(v)
 
 

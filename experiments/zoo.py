@@ -1,0 +1,551 @@
+r"""One table of all compressors on the same run: ``docs/zoo.md`` and ``docs/zoo.png``.
+
+Every compressor :func:`jaxcomp.names` returns at run time (with its paper's
+settings, ``configs/zoo.py:SETTINGS``) in four steps, each resumable:
+
+1. ``accuracy``: the sweep ``configs/zoo.py`` (compressor x seed, LeNet, 8
+   simulated workers) through ``experiments.sweep``; finished runs are skipped.
+   Writes ``ROOT/zoo/<dataset>/<compressor>/seed<S>/``.
+2. ``throughput``: encode + decode throughput of each compressor on a 4M-value
+   float32 matrix beside a float32 copy, as ``benchmarks.compressors`` measures
+   it (its ``bench_one``), with the zoo's settings. Writes ``ROOT/zoo/throughput.json``.
+3. ``link``: whole LeNet training steps at 2 processes over an emulated
+   100 Mbit/s link, through ``benchmarks.train_step_link`` (needs root and
+   iproute2). Writes ``ROOT/zoo/link_steps.json``.
+4. ``report``: ``docs/zoo.md`` and ``docs/zoo.png`` from the committed files
+   alone. A cell whose measurement is missing says "not measured".
+
+The throughput and link steps measure only the compressors their JSON lacks
+and add them to it; ``--force`` measures all again. Timings want an idle
+machine.
+
+Usage::
+
+  python -m experiments.zoo                          # every step; reruns only what is missing
+  python -m experiments.zoo --report                 # regenerate docs/zoo.md and docs/zoo.png only
+  python -m experiments.zoo --steps accuracy,report  # some steps
+  sudo .venv/bin/python -m experiments.zoo --steps link,report
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any, Optional
+
+STEPS = ("accuracy", "throughput", "link", "report")
+NOT_MEASURED = "not measured"
+
+
+def _parse(argv):
+  p = argparse.ArgumentParser(prog="python -m experiments.zoo", description=__doc__.split("\n")[0])
+  p.add_argument("--config", default="configs/zoo.py", help="the zoo config, optionally with ':ARG'")
+  p.add_argument("--root", default="runs", help="root of the runs (the zoo's files go under ROOT/zoo)")
+  p.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated, of {list(STEPS)}")
+  p.add_argument("--report", action="store_true", help="only the report (same as --steps report)")
+  p.add_argument("--out", default="docs/zoo.md")
+  p.add_argument("--plot", default="docs/zoo.png")
+  p.add_argument("--size", default=None, help="throughput tensor size (default: the config's, 4M)")
+  p.add_argument("--repeats", type=int, default=7, help="throughput repeats (benchmarks.compressors)")
+  p.add_argument("--link_steps", type=int, default=10, help="timed training steps per compressor (link)")
+  p.add_argument("--force", action="store_true", help="measure throughput/link rows even if present")
+  args = p.parse_args(argv)
+  args.steps = ["report"] if args.report else [s.strip() for s in args.steps.split(",") if s.strip()]
+  bad = [s for s in args.steps if s not in STEPS]
+  if bad:
+    p.error(f"unknown step(s) {bad}; known: {list(STEPS)}")
+  return args
+
+
+# ----------------------------------------------------------------------------
+# What the config says.
+
+
+class Zoo:
+  """The config module and argument, and where the zoo's files live."""
+
+  def __init__(self, config_arg: str, root: str):
+    from experiments import sweep  # pylint: disable=g-import-not-at-top
+    self.config_arg = config_arg
+    path, _, self.arg = config_arg.partition(":")
+    self.module = sweep.load_config_module(path)
+    self.base = self.module.get_config(self.arg or None)
+    self.root = root
+    self.dir = os.path.join(root, self.base.experiment)
+    self.runs_dir = os.path.join(self.dir, self.base.dataset)
+    self.throughput_json = os.path.join(self.dir, "throughput.json")
+    self.link_json = os.path.join(self.dir, "link_steps.json")
+
+  def names(self) -> list[str]:
+    """Registered compressors that this sweep runs, in ``SETTINGS`` order."""
+    seen = []
+    for name, _ in self.module.get_sweep(self.arg or None):
+      comp = name.split("/")[0]
+      if comp not in seen:
+        seen.append(comp)
+    return seen
+
+  def seeds_per_name(self) -> dict[str, int]:
+    """How many runs (seeds) the sweep has per compressor."""
+    out: dict[str, int] = {}
+    for name, _ in self.module.get_sweep(self.arg or None):
+      out[name.split("/")[0]] = out.get(name.split("/")[0], 0) + 1
+    return out
+
+  def row(self, name: str) -> dict:
+    return self.module.SETTINGS[name]
+
+  def link_overrides(self, name: str) -> tuple[str, ...]:
+    """The row's config overrides that the link timing keeps: the optimizer and its learning rate.
+
+    Some compressors need their optimizer to build at all (1-bit Adam is the
+    optimizer and wants plain SGD after it); ``min_size`` goes in the method.
+    """
+    config = self.row(name).get("config", {})
+    return tuple(f"{k}={config[k]}" for k in ("optimizer", "learning_rate") if k in config)
+
+  def timing_kwargs(self, name: str) -> dict:
+    """The row's kwargs, with its ``timing`` ones: warm-ups end before the timed calls."""
+    row = self.row(name)
+    return {**row["kwargs"], **row.get("timing", {})}
+
+  def method(self, name: str) -> str:
+    """``name:key=value:...`` for ``benchmarks.train_step_link``: :meth:`timing_kwargs` and ``min_size``."""
+    row = self.row(name)
+    kwargs = self.timing_kwargs(name)
+    if "min_size" in row.get("config", {}):
+      kwargs["min_size"] = row["config"]["min_size"]
+    for k, v in kwargs.items():
+      if ":" in repr(v) or "," in repr(v):
+        raise ValueError(f"{name}: argument {k}={v!r} cannot be written as a link method")
+    return ":".join([name] + [f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}" for k, v in kwargs.items()])
+
+
+# ----------------------------------------------------------------------------
+# Step 1: accuracy (experiments.sweep).
+
+
+def run_accuracy(zoo: Zoo) -> None:
+  """Runs the sweep in a subprocess; it prints progress and skips finished runs."""
+  cmd = [sys.executable, "-m", "experiments.sweep", "--config", zoo.config_arg, "--root", zoo.root,
+         "--checkpoint_every", "0"]
+  print(f"[zoo] accuracy: {' '.join(cmd[1:])}", flush=True)
+  t0 = time.time()
+  proc = subprocess.run(cmd)
+  if proc.returncode != 0:
+    raise SystemExit(f"[zoo] the accuracy sweep failed (exit {proc.returncode})")
+  print(f"[zoo] accuracy sweep: {time.time() - t0:.0f} s", flush=True)
+
+
+# ----------------------------------------------------------------------------
+# Step 2: throughput (benchmarks.compressors).
+
+
+def _load(path: str) -> Optional[dict]:
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    return json.load(f)
+
+
+def _write(path: str, doc: dict) -> None:
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  with open(path, "w") as f:
+    f.write(json.dumps(doc, indent=1, default=float) + "\n")
+
+
+def throughput_shape(n: int) -> tuple[int, int]:
+  """The tensor timed: ``n`` values as a matrix of 1024 columns, as a layer's weights are.
+
+  A matrix rather than ``benchmarks.compressors``' flat vector, so that PowerSGD
+  (which sends vectors uncompressed) compresses it as it does a layer.
+  """
+  if n % 1024:
+    raise ValueError(f"the throughput size must be a multiple of 1024, got {n}")
+  return (n // 1024, 1024)
+
+
+def run_throughput(zoo: Zoo, size: str, repeats: int, force: bool) -> None:
+  """Times encode + decode of a ``size``-value float32 matrix for each compressor beside a float32 copy.
+
+  ``none`` (nothing to encode) and optimizer wrappers (``local_steps``: no
+  compressor of their own that ``benchmarks.compressors`` can build) have no row.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import jaxcomp  # pylint: disable=g-import-not-at-top
+  from benchmarks import compressors as bench  # pylint: disable=g-import-not-at-top
+
+  n = bench.parse_size(size)
+  doc = None if force else _load(zoo.throughput_json)
+  if doc is not None and doc.get("size") != n:
+    raise SystemExit(f"[zoo] {zoo.throughput_json} holds size {doc.get('size')}, not {n}: "
+                     "use --force to measure again")
+  doc = doc or {"benchmark": "compressors (experiments.zoo)", "data": "synthetic float32 Gaussian "
+                "(throughput only)", "size": n, "repeats": repeats, "jax": jax.__version__,
+                "backend": jax.default_backend(), "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+                "results": []}
+  done = {r["compressor"] for r in doc["results"]}
+  todo = [nm for nm in zoo.names() if nm in jaxcomp.REGISTRY and nm != "none" and nm not in done]
+  print(f"[zoo] throughput at n={n:,}: {len(todo)} to measure, {len(done)} in {zoo.throughput_json}",
+        flush=True)
+  if not todo:
+    return
+  x = jax.random.normal(jax.random.PRNGKey(0), throughput_shape(n), jnp.float32)
+  key = jax.random.PRNGKey(1)
+  copy = jax.jit(lambda v: v * jnp.float32(2.0))
+  for name in todo:
+    kwargs = zoo.timing_kwargs(name)
+    r = bench.bench_one(bench.compressor_of(name, **kwargs), x, key, copy, repeats)
+    r.update(compressor=name, kwargs=kwargs, size=n, shape=list(x.shape), melem_per_s=n / r["total_s"] / 1e6,
+             copy_melem_per_s=n / r["copy_s"] / 1e6, measured=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+    doc["results"].append(r)
+    _write(zoo.throughput_json, doc)  # after each row, so an interrupted step keeps what it measured
+    print(f"  {name}: {r['melem_per_s']:.0f} M el/s, {r['vs_copy']:.1%} of a float32 copy", flush=True)
+
+
+# ----------------------------------------------------------------------------
+# Step 3: link step time (benchmarks.train_step_link).
+
+
+def link_available() -> Optional[str]:
+  """Why the link step cannot run here, or ``None`` if it can."""
+  if os.geteuid() != 0:
+    return "the emulated link needs root (network namespaces): run it with sudo"
+  missing = [t for t in ("ip", "tc") if shutil.which(t) is None]
+  if missing:
+    return f"the emulated link needs iproute2 ({', '.join(missing)} not found)"
+  return None
+
+
+def run_link(zoo: Zoo, timed_steps: int, force: bool) -> None:
+  """Median training-step time of each compressor at ``LINK_PROCESSES`` over ``LINK_RATE``."""
+  why = link_available()
+  if why:
+    raise SystemExit(f"[zoo] link step not run: {why}. The report marks these cells '{NOT_MEASURED}'.")
+  processes, rate = zoo.module.LINK_PROCESSES, zoo.module.LINK_RATE
+  doc = None if force else _load(zoo.link_json)
+  if doc is not None and (doc.get("processes"), doc.get("link")) != (processes, rate):
+    raise SystemExit(f"[zoo] {zoo.link_json} was measured at {doc.get('processes')} processes over "
+                     f"{doc.get('link')}, not {processes} over {rate}: use --force to measure again")
+  done = {r.get("compressor") for r in (doc or {}).get("results", [])}
+  todo = [n for n in zoo.names() if n not in done]
+  print(f"[zoo] link: {len(todo)} to time at {processes} processes over {rate}, {len(done)} in "
+        f"{zoo.link_json}", flush=True)
+  if not todo:
+    return
+  groups: dict[tuple, list[str]] = {}  # one train_step_link run per set of config overrides
+  for name in todo:
+    groups.setdefault(zoo.link_overrides(name), []).append(name)
+  for overrides, names in groups.items():
+    new = _time_link_steps(zoo, names, overrides, timed_steps)
+    if doc is None:
+      doc = {k: v for k, v in new.items() if k not in ("results", "overrides")}
+      doc.update(processes=processes, link=rate, results=[])
+    doc["results"] += new["results"]
+    _write(zoo.link_json, doc)  # after each group, so an interrupted step keeps what it measured
+
+
+def _time_link_steps(zoo: Zoo, names: list[str], overrides: tuple[str, ...], timed_steps: int) -> dict:
+  """``benchmarks.train_step_link``'s document for ``names``, each result tagged with its compressor."""
+  part = zoo.link_json + ".part"
+  os.makedirs(zoo.dir, exist_ok=True)
+  cmd = [sys.executable, "-m", "benchmarks.train_step_link", "--processes", str(zoo.module.LINK_PROCESSES),
+         "--link", zoo.module.LINK_RATE, "--configs", "lenet", "--methods", ",".join(zoo.method(n) for n in names),
+         "--steps", str(timed_steps), "--json", part] + [f"--set={kv}" for kv in overrides]
+  print(f"[zoo] {' '.join(cmd[1:])}", flush=True)
+  proc = subprocess.run(cmd)
+  if proc.returncode != 0 or not os.path.exists(part):
+    raise SystemExit(f"[zoo] benchmarks.train_step_link failed (exit {proc.returncode})")
+  new = _load(part)
+  os.remove(part)
+  for name, r in zip(names, new["results"]):
+    r.update(compressor=name, overrides=list(overrides))
+  return new
+
+
+# ----------------------------------------------------------------------------
+# Step 4: the report (committed files only).
+
+
+def _summaries(zoo: Zoo) -> dict[str, list[dict]]:
+  """compressor -> the summaries of its finished seeds."""
+  out: dict[str, list[dict]] = {}
+  if not os.path.isdir(zoo.runs_dir):
+    return out
+  for name in sorted(os.listdir(zoo.runs_dir)):
+    d = os.path.join(zoo.runs_dir, name)
+    for seed in sorted(os.listdir(d)) if os.path.isdir(d) else []:
+      s = _load(os.path.join(d, seed, "summary.json"))
+      if s is not None:
+        out.setdefault(name, []).append(s)
+  return out
+
+
+def accuracy_cells(summaries: list[dict]) -> dict[str, Any]:
+  """Mean, sample standard deviation and range of the seeds' test accuracies (%), bytes per step."""
+  accs = [100 * s["test_accuracy"] for s in summaries]
+  wire = statistics.mean(s["mean_bytes_on_wire"] for s in summaries)
+  floats = statistics.mean(s["float32_bytes"] for s in summaries)
+  return {"seeds": len(accs), "mean": statistics.mean(accs),
+          "sd": statistics.stdev(accs) if len(accs) > 1 else None, "min": min(accs), "max": max(accs),
+          "bytes": wire, "ratio": floats / wire if wire else math.inf,
+          "steps": summaries[0]["steps"], "train_s": statistics.mean(s["train_time_sec"] for s in summaries),
+          "wall_s": statistics.mean(s["wall_time_sec"] for s in summaries)}
+
+
+def settings_text(row: dict) -> str:
+  """``key=value`` of the compressor's kwargs and other config overrides, as the sweep passes them."""
+  parts = [f"{k}={v!r}" if isinstance(v, (str, float)) else f"{k}={v}"
+           for k, v in {**row["kwargs"], **row.get("config", {})}.items()]
+  return ", ".join(f"`{p}`" for p in parts) or "defaults"
+
+
+def rows(zoo: Zoo) -> list[dict]:
+  """One dict per compressor (registered, or with finished runs): its cells, None where not measured."""
+  summaries = _summaries(zoo)
+  thr = {r["compressor"]: r for r in (_load(zoo.throughput_json) or {}).get("results", [])}
+  link_doc = _load(zoo.link_json) or {}
+  link = {r["compressor"]: r for r in link_doc.get("results", [])}
+  names = zoo.names() + [n for n in summaries if n not in zoo.names()]
+  out = []
+  for name in names:
+    row = zoo.module.SETTINGS.get(name, {"kwargs": {}, "paper": "(no SETTINGS row)"})
+    out.append({"name": name, "settings": settings_text(row), "paper": row["paper"],
+                "acc": accuracy_cells(summaries[name]) if name in summaries else None,
+                "throughput": thr.get(name), "link_s": link[name]["step_time_sec"] if name in link else None})
+  base = next((r["link_s"] for r in out if r["name"] == "none"), None)
+  for r in out:
+    r["link_speedup"] = base / r["link_s"] if base and r["link_s"] else None
+  return out
+
+
+def _size_label(n: int) -> str:
+  from benchmarks import compressors as bench  # pylint: disable=g-import-not-at-top
+  return bench.size_label(n) if n >= 2**20 else f"{n:,}-value"
+
+
+def _fmt_bytes(b: float) -> str:
+  return f"{b / 1e6:.3f} MB" if b >= 1e5 else f"{b / 1e3:.1f} kB"
+
+
+def _acc_text(a: Optional[dict]) -> tuple[str, str]:
+  if a is None:
+    return NOT_MEASURED, "—"
+  spread = (f"± {a['sd']:.2f} ({a['min']:.2f}–{a['max']:.2f})" if a["sd"] is not None
+            else "one seed")
+  return f"{a['mean']:.2f}", spread
+
+
+def _throughput_text(name: str, r: Optional[dict]) -> str:
+  if name == "none":
+    return "— (no encoding)"
+  if r is None:
+    return NOT_MEASURED if name not in _wrappers() else "— (optimizer wrapper)"
+  return f"{r['melem_per_s']:.0f} M el/s ({r['vs_copy']:.0%})"
+
+
+def _wrappers() -> set[str]:
+  from jaxcomp import compressors  # pylint: disable=g-import-not-at-top
+  return set(compressors.WRAPPERS)
+
+
+def table(zoo: Zoo, rs: list[dict]) -> list[str]:
+  lines = ["| compressor | settings | test accuracy (%) | spread over seeds | bytes / worker / step | "
+           "ratio to float | encode+decode (vs float32 copy) | step over link (s) | speedup | "
+           "settings from |",
+           "|---|---|---:|---|---:|---:|---:|---:|---:|---|"]
+  for r in rs:
+    acc, spread = _acc_text(r["acc"])
+    wire = _fmt_bytes(r["acc"]["bytes"]) if r["acc"] else NOT_MEASURED
+    ratio = f"{r['acc']['ratio']:.1f}×" if r["acc"] else NOT_MEASURED
+    link = f"{r['link_s']:.3f}" if r["link_s"] is not None else NOT_MEASURED
+    speed = f"{r['link_speedup']:.2f}×" if r["link_speedup"] else "—"
+    lines.append(f"| `{r['name']}` | {r['settings']} | {acc} | {spread} | {wire} | {ratio} | "
+                 f"{_throughput_text(r['name'], r['throughput'])} | {link} | {speed} | {r['paper']} |")
+  return lines
+
+
+def plot(rs: list[dict], path: str, title: str) -> Optional[str]:
+  """Accuracy (mean, bars: min–max over seeds) against bytes per worker per step, log x.
+
+  Two panels: every compressor, and a zoom on those within 5 points of the best mean (they
+  crowd near the top of the first panel).
+  """
+  pts = [r for r in rs if r["acc"]]
+  if not pts:
+    return None
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  best = max(r["acc"]["mean"] for r in pts)
+  top = [r for r in pts if r["acc"]["mean"] >= best - 5]
+  color = {r["name"]: f"C{k % 10}" for k, r in enumerate(pts)}  # the same in both panels
+  fig, axes = plt.subplots(1, 2, figsize=(14, 5.5))
+  for ax, group in zip(axes, (pts, top)):
+    for r in group:
+      a = r["acc"]
+      ax.errorbar([a["bytes"]], [a["mean"]], yerr=[[a["mean"] - a["min"]], [a["max"] - a["mean"]]],
+                  fmt="o", capsize=3, markersize=5, color=color[r["name"]])
+      ax.annotate(r["name"], (a["bytes"], a["mean"]), textcoords="offset points", xytext=(5, 4),
+                  fontsize=8, color=color[r["name"]])
+    ax.set_xscale("log")
+    ax.set_xlabel("bytes on the wire per worker per step (log)")
+    ax.grid(alpha=0.3, which="both")
+  axes[0].set_ylabel("test accuracy (%), mean over seeds; bars: min–max")
+  axes[0].set_title(title, fontsize=10)
+  axes[1].set_title(f"zoom: within 5 points of the best mean ({best:.2f}%)", fontsize=10)
+  fig.tight_layout()
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return path
+
+
+def report(zoo: Zoo, out: str, plot_path: str) -> str:
+  """Writes ``out`` (Markdown) and ``plot_path`` (PNG) from the files under ``ROOT/zoo``."""
+  m, c = zoo.module, zoo.base
+  rs = rows(zoo)
+  measured = [r for r in rs if r["acc"]]
+  steps = sorted({r["acc"]["steps"] for r in measured})
+  seeds = sorted({o["seed"] for _, o in m.get_sweep(zoo.arg or None)})
+  thr_doc, link_doc = _load(zoo.throughput_json), _load(zoo.link_json)
+  thr_size = _size_label(thr_doc["size"]) if thr_doc else m.THROUGHPUT_SIZE
+  drawn = plot(rs, plot_path, f"LeNet, {c.dataset}, {c.workers} workers, {'/'.join(map(str, steps))} steps")
+  rel = os.path.relpath(os.path.abspath(plot_path), os.path.dirname(os.path.abspath(out)))
+  lines = [
+      "# The compressor zoo: every compressor on the same run",
+      "",
+      "Generated by `python -m experiments.zoo --report` from the files under "
+      f"`{zoo.dir}/`; do not edit by hand. `python -m experiments.zoo` reruns only what is missing.",
+      "",
+      f"**The run.** TG-F3's LeNet (`configs/terngrad_lenet.py`) on `{c.dataset}` (real images), "
+      f"total batch {c.batch_size} over {c.workers} simulated workers, momentum SGD "
+      f"({c.momentum}, base LR {c.learning_rate}, polynomial decay with power {c.lr_power}), weight "
+      f"decay {c.weight_decay}, evaluated with the parameter EMA TernGrad uses; the same "
+      f"{'/'.join(map(str, steps)) or c.num_train_steps} steps and seeds "
+      f"{', '.join(map(str, seeds))} for every compressor "
+      "(`configs/zoo.py`).",
+      "",
+      f"**Reduced scale.** {c.num_train_steps} steps instead of TG-F3's 10,000 (LeNet reaches about "
+      "80% on Fashion-MNIST by then), so that the whole zoo fits in about an hour of a 2-core CPU "
+      "machine; each run is its own process (`experiments.sweep`): " + _timing_text(measured)
+      + " The accuracies compare compressors after a short run, not converged accuracies; "
+      "compressors that start slowly (warm-ups, error feedback that has not caught up) are at a "
+      "disadvantage here that a full run would not show.",
+      "",
+      "**One rule for every row.** Every LeNet tensor goes through the compressor (TG-F3 compresses "
+      "all of LeNet's layers; no exception for the last layer or biases), except where the "
+      "compressor's paper keeps small tensors in float (`min_size`). The optimizer is TG-F3's unless "
+      "the row's settings name another: sign updates move every weight by ± the learning rate, so "
+      "they take plain SGD with their own rate; DGC's momentum correction replaces the optimizer's "
+      "momentum; 1-bit Adam is the optimizer itself.",
+      "",
+      "**Columns.** Test accuracy: mean over the seeds; spread: sample standard deviation and "
+      "min–max. Bytes: what one worker sends per step (`mean_bytes_on_wire` of the run, averaged "
+      "over its steps, so `local_steps` counts its silent steps); ratio: float32 bytes over those. "
+      f"Encode+decode: million values per second on one {thr_size} float32 matrix (1024 columns) and, in "
+      "brackets, that as a fraction of a float32 copy's speed measured side by side "
+      "(`benchmarks.compressors`, with the zoo's settings, warm-ups ended). Step over link: median time of a whole "
+      f"LeNet training step at {m.LINK_PROCESSES} processes, one worker each (the same total batch "
+      f"{c.batch_size}), over an emulated {m.LINK_RATE} link (`benchmarks.train_step_link`, with "
+      "the row's settings and optimizer, warm-ups (DGC, 1-bit Adam) ended before the timed steps; "
+      "for `local_steps` with k = 2 the median of an even number of steps is the mean of a silent "
+      "and an exchanging step); speedup: float's step time over the row's. A cell that says "
+      "*not measured* has no measurement in the committed files.",
+      "",
+  ]
+  if measured:
+    lines += [f"![accuracy against bytes]({rel})", ""] if drawn else []
+  lines += table(zoo, rs) + [""]
+  lines += _weak_runs(zoo)
+  lines += _provenance(zoo, rs, thr_doc, link_doc)
+  text = "\n".join(lines).rstrip() + "\n"
+  os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+  with open(out, "w") as f:
+    f.write(text)
+  return text
+
+
+def _weak_runs(zoo: Zoo, below: float = 0.5) -> list[str]:
+  """A line per run that ended below ``below`` test accuracy, with its final losses, so the table's
+  low cells and wide spreads are read for what they are."""
+  out = []
+  for name, summaries in _summaries(zoo).items():
+    for s in summaries:
+      if s["test_accuracy"] < below:
+        out.append(f"`{name}` seed {s['seed']}: {100 * s['test_accuracy']:.2f}% (chance is 10%), final "
+                   f"training loss {s['final_train_loss']:.3f}, test loss {s['test_loss']:.3f}")
+  if not out:
+    return []
+  return [f"**Runs that ended below {below:.0%} test accuracy** (part of the means above, not left "
+          "out): " + "; ".join(out) + ". At these settings and this short run they learn slowly "
+          "or not at all; the settings are their papers', not tuned for LeNet here.", ""]
+
+
+def _timing_text(measured: list[dict]) -> str:
+  """The runs' measured in-process and training times (from their summaries)."""
+  if not measured:
+    return "no run has finished yet."
+  n = sum(r["acc"]["seeds"] for r in measured)
+  wall = sum(r["acc"]["wall_s"] * r["acc"]["seeds"] for r in measured)
+  train = sum(r["acc"]["train_s"] * r["acc"]["seeds"] for r in measured)
+  return (f"the {n} runs here spent {wall / n:.0f} s each on average in their training loop "
+          f"(`wall_time_sec`: steps with compilation, and the evaluation; {train / n:.0f} s of it in "
+          f"training steps), {wall / 60:.0f} min in all, plus each process's start-up (imports, "
+          "loading the data), on a machine shared with other jobs.")
+
+
+def _provenance(zoo: Zoo, rs: list[dict], thr_doc, link_doc) -> list[str]:
+  out = ["## Where the numbers come from", ""]
+  missing = [r["name"] for r in rs if not r["acc"]]
+  configured = zoo.seeds_per_name()
+  partial = [f"{r['name']} ({r['acc']['seeds']} of {configured.get(r['name'], 0)})" for r in rs
+             if r["acc"] and r["acc"]["seeds"] < configured.get(r["name"], 0)]
+  out.append(f"* Accuracy and bytes: `{zoo.runs_dir}/<compressor>/seed<S>/summary.json` (each run's "
+             "`command.txt` reruns it). " + (f"Not run yet: {', '.join(missing)}. " if missing else "")
+             + (f"Fewer seeds than configured: {', '.join(partial)}." if partial else ""))
+  if thr_doc:
+    out.append(f"* Throughput: `{zoo.throughput_json}` ({thr_doc['machine']}, JAX {thr_doc['jax']}, "
+               f"median of {thr_doc['repeats']} repeats).")
+  else:
+    out.append(f"* Throughput: not measured yet (`python -m experiments.zoo --steps throughput,report` on an "
+               "idle machine).")
+  if link_doc:
+    out.append(f"* Link step times: `{zoo.link_json}` ({link_doc['processes']} processes, "
+               f"{link_doc['link']}, {link_doc.get('steps', '?')} timed steps each, {link_doc.get('machine', '')}).")
+  else:
+    out.append("* Link step times: not measured yet (`sudo .venv/bin/python -m experiments.zoo --steps "
+               "link,report` on an idle machine; needs root and iproute2).")
+  out += ["", "To rerun one cell by hand: `python -m experiments.train --config configs/zoo.py --workdir DIR "
+          "--config.compressor=NAME --config.compressor_kwargs='{...}' --config.seed=S` with the row's "
+          "settings (non-kwarg settings such as `min_size` or `optimizer` as `--config.KEY=VALUE`).", ""]
+  return out
+
+
+def main(argv=None) -> int:
+  args = _parse(sys.argv[1:] if argv is None else list(argv))
+  zoo = Zoo(args.config, args.root)
+  print(f"[zoo] {len(zoo.names())} compressors: {', '.join(zoo.names())}", flush=True)
+  if "accuracy" in args.steps:
+    run_accuracy(zoo)
+  if "throughput" in args.steps:
+    run_throughput(zoo, args.size or zoo.module.THROUGHPUT_SIZE, args.repeats, args.force)
+  if "link" in args.steps:
+    run_link(zoo, args.link_steps, args.force)
+  if "report" in args.steps:
+    report(zoo, args.out, args.plot)
+    print(f"[zoo] wrote {args.out} and {args.plot}", flush=True)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
