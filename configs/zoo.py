@@ -72,9 +72,8 @@ def _steps_fraction(fraction: float) -> int:
 # from, "timing": kwargs that replace "kwargs"' for the throughput and link timings}. Those time a
 # few calls from the start, so a row whose compression starts late (DGC's warm-up, 1-bit Adam's
 # Adam stage) starts it at once there: the timed calls are those of the compressed stage.
-# Rows for compressors that are not registered yet are ignored (get_sweep takes
-# jaxcomp.names() at run time); tests/test_zoo.py checks every registered
-# name has a row.
+# get_sweep takes jaxcomp.names() at run time; tests/test_zoo.py checks that the rows are
+# exactly the registered names.
 SETTINGS: dict[str, dict] = {
     "none": {"kwargs": {}, "paper": "float32 pmean: the baseline every ratio is taken against"},
     "terngrad": {"kwargs": {"clip_sigma": 2.5},
