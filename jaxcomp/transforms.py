@@ -159,8 +159,20 @@ def set_aside_nonfinite(x: jax.Array) -> tuple[jax.Array, jax.Array]:
   A worker with a non-finite tensor sends zeros for it, so the encoders never
   see NaN; the policy of :func:`compress` decides what the mean becomes.
   """
-  bad = jnp.logical_not(jnp.all(jnp.isfinite(x)))
+  bad = is_nonfinite(x)
   return jnp.where(bad, jnp.zeros_like(x), x), bad
+
+
+def is_nonfinite(x: jax.Array) -> jax.Array:
+  """Whether ``x`` holds a NaN or Inf: ``not all(isfinite(x))``, as one fused sum.
+
+  ``x·0`` is ±0 for a finite value and NaN for ±Inf or NaN, and a sum is NaN
+  exactly when one of its terms is, so ``isnan(sum(x·0))`` is the same flag
+  (no fast-math: XLA keeps ``x·0`` for floats). It is a plain
+  multiply-and-reduce, which every backend fuses into one pass; the plain form
+  ``~all(isfinite(x))`` writes a boolean per element first on XLA:CPU.
+  """
+  return jnp.isnan(jnp.sum(x * jnp.zeros((), x.dtype)))
 
 
 def agree_on_nonfinite(
