@@ -30,6 +30,15 @@ Usage::
 
   python -m benchmarks.step_time [--only lenet8,mlp] [--quick] [--repeats 5] [--json out.json]
 
+Each row also gives the process's minor page faults per step. With simulated
+workers a compressed step materialises every worker's gradients (the float
+step's worker sum folds into the gradient's matrix products), and XLA:CPU
+allocates those temporaries afresh every step: at N = 64 tens of thousands
+of first touches of fresh 4 KiB pages per step. Run under
+``GLIBC_TUNABLES=glibc.malloc.hugetlb=1`` (glibc ≥ 2.35: large allocations
+get transparent huge pages) to see the step without most of them; the JSON
+records the setting.
+
 ``--quick`` runs fewer repeats and steps and, in ``resnet``, only float32,
 3LC (s = 1.00) and MQE 1-bit. The figures depend on the machine and its
 load; ``docs/benchmarks.md`` quotes runs on an idle machine.
@@ -40,8 +49,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import platform
 import statistics
+import resource
 import sys
 import tempfile
 import time
@@ -144,8 +155,15 @@ class _Stepper:
     self.i = 0
 
   def steps(self, n: int) -> float:
-    """Runs ``n`` steps; returns seconds per step (the last step's outputs awaited)."""
+    """Runs ``n`` steps; returns seconds per step (the last step's outputs awaited).
+
+    Also sets ``faults``: this process's minor page faults per step. XLA:CPU
+    allocates a step's temporary buffers afresh every call; each first touch
+    of a fresh page (4 KiB, or 2 MiB with transparent huge pages) faults, and
+    at tens of thousands of faults per step that is a real part of the step.
+    """
     import jax  # pylint: disable=g-import-not-at-top
+    faults = _minor_faults()
     t0 = time.perf_counter()
     metrics = None
     for _ in range(n):
@@ -153,7 +171,13 @@ class _Stepper:
       self.state, metrics = self.run.train_step(self.state, images, labels, self.keys[self.i % 3])
       self.i += 1
     jax.block_until_ready((self.state, metrics))
-    return (time.perf_counter() - t0) / n
+    seconds = (time.perf_counter() - t0) / n
+    self.faults = (_minor_faults() - faults) / n
+    return seconds
+
+
+def _minor_faults() -> int:
+  return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def bench_group(group: Group, repeats: int, warmup: int = 2, log=print) -> list[dict]:
@@ -176,11 +200,13 @@ def bench_group(group: Group, repeats: int, warmup: int = 2, log=print) -> list[
   base = names[0]
   times = {m: [] for m in names}
   ratios = {m: [] for m in names}
+  faulted = {m: [] for m in names}
   for r in range(repeats):
     order = names[r % len(names):] + names[:r % len(names)]
     this = {m: steppers[m].steps(group.steps) for m in order}
     for m in names:
       times[m].append(this[m])
+      faulted[m].append(steppers[m].faults)
       ratios[m].append(this[m] / this[base])
     log(f"  {group.name} repeat {r + 1}/{repeats}: "
         + ", ".join(f"{m} {this[m] * 1e3:.0f} ms" for m in names))
@@ -193,18 +219,20 @@ def bench_group(group: Group, repeats: int, warmup: int = 2, log=print) -> list[
         "compressor_kwargs": group.methods[m][1], "workers": steppers[m].run.config.workers,
         "step_s": statistics.median(times[m]), "steps_per_s": 1.0 / statistics.median(times[m]),
         "ratio_to_float": ratio, "ratios": ratios[m], "times_s": times[m],
-        "compile_and_warmup_s": compile_s[m], "target": target,
+        "compile_and_warmup_s": compile_s[m], "minor_faults_per_step": statistics.median(faulted[m]),
+        "target": target,
         "meets_target": None if target is None else bool(ratio <= target),
     })
   return rows
 
 
 def table(rows: list[dict]) -> str:
-  lines = [f"{'group':8s} {'method':18s} {'N':>3s} {'step ms':>9s} {'steps/s':>8s} {'/float':>7s} {'target':>10s}"]
+  lines = [f"{'group':8s} {'method':18s} {'N':>3s} {'step ms':>9s} {'steps/s':>8s} {'/float':>7s} "
+           f"{'target':>10s} {'faults/step':>11s}"]
   for r in rows:
     tgt = "" if r["target"] is None else f"{'ok' if r['meets_target'] else 'MISS'} {r['target']:.2f}"
     lines.append(f"{r['group']:8s} {r['method']:18s} {r['workers']:3d} {r['step_s'] * 1e3:9.1f} "
-                 f"{r['steps_per_s']:8.2f} {r['ratio_to_float']:7.2f} {tgt:>10s}")
+                 f"{r['steps_per_s']:8.2f} {r['ratio_to_float']:7.2f} {tgt:>10s} {r['minor_faults_per_step']:11.0f}")
   return "\n".join(lines)
 
 
@@ -241,6 +269,7 @@ def main(argv=None) -> dict:
       "benchmark": "step_time",
       "jax": jax.__version__, "backend": jax.default_backend(), "devices": jax.device_count(),
       "machine": platform.machine(), "repeats": repeats, "quick": args.quick,
+      "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),
       "wall_s": time.perf_counter() - t_start,
       "command": "python -m benchmarks.step_time " + " ".join(sys.argv[1:] if argv is None else argv),
       "results": rows,

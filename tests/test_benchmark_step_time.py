@@ -29,6 +29,7 @@ def test_main_times_float_and_compressor_side_by_side(tmp_path, capsys, monkeypa
   assert len(t["times_s"]) == len(t["ratios"]) == 2 and all(x > 0 for x in t["times_s"] + t["ratios"])
   # The ratio is the median of per-repeat ratios, not a ratio of medians.
   assert t["ratio_to_float"] == pytest.approx(sum(t["ratios"]) / 2)
+  assert t["minor_faults_per_step"] >= 0 and "glibc_tunables" in doc
   assert t["workers"] == 2 and t["meets_target"] is True and rows["float"]["target"] is None
 
 
