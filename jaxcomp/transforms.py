@@ -166,13 +166,14 @@ def set_aside_nonfinite(x: jax.Array) -> tuple[jax.Array, jax.Array]:
 def is_nonfinite(x: jax.Array) -> jax.Array:
   """Whether ``x`` holds a NaN or Inf: ``not all(isfinite(x))``, as one fused sum.
 
-  ``x·0`` is ±0 for a finite value and NaN for ±Inf or NaN, and a sum is NaN
-  exactly when one of its terms is, so ``isnan(sum(x·0))`` is the same flag
-  (no fast-math: XLA keeps ``x·0`` for floats). It is a plain
-  multiply-and-reduce, which every backend fuses into one pass; the plain form
-  ``~all(isfinite(x))`` writes a boolean per element first on XLA:CPU.
+  ``x − x`` is +0 for a finite value and NaN for ±Inf or NaN, and a sum is NaN
+  exactly when one of its terms is, so ``isnan(sum(x − x))`` is the same flag
+  (XLA does not fold ``x − x`` for floats). It is one subtract-and-reduce pass
+  over ``x`` on every backend; the plain form ``~all(isfinite(x))`` writes a
+  boolean per element first on XLA:CPU, and ``sum(x·0)`` writes out the
+  broadcast zeros there.
   """
-  return jnp.isnan(jnp.sum(x * jnp.zeros((), x.dtype)))
+  return jnp.isnan(jnp.sum(x - x))
 
 
 def agree_on_nonfinite(
