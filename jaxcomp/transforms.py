@@ -159,8 +159,21 @@ def set_aside_nonfinite(x: jax.Array) -> tuple[jax.Array, jax.Array]:
   A worker with a non-finite tensor sends zeros for it, so the encoders never
   see NaN; the policy of :func:`compress` decides what the mean becomes.
   """
-  bad = jnp.logical_not(jnp.all(jnp.isfinite(x)))
+  bad = is_nonfinite(x)
   return jnp.where(bad, jnp.zeros_like(x), x), bad
+
+
+def is_nonfinite(x: jax.Array) -> jax.Array:
+  """Whether ``x`` holds a NaN or Inf: ``not all(isfinite(x))``, as one fused sum.
+
+  ``x − x`` is +0 for a finite value and NaN for ±Inf or NaN, and a sum is NaN
+  exactly when one of its terms is, so ``isnan(sum(x − x))`` is the same flag
+  (XLA does not fold ``x − x`` for floats). It is one subtract-and-reduce pass
+  over ``x`` on every backend; the plain form ``~all(isfinite(x))`` writes a
+  boolean per element first on XLA:CPU, and ``sum(x·0)`` writes out the
+  broadcast zeros there.
+  """
+  return jnp.isnan(jnp.sum(x - x))
 
 
 def agree_on_nonfinite(

@@ -169,3 +169,17 @@ def test_stored_codes_are_the_unpadded_codes_then_zeros(n, impl):
     assert set(np.unique(stored[:n])) <= {-1, 0, 1}
     assert np.all((stored[:n] == 0) | (np.sign(stored[:n]) == np.sign(np.asarray(x))))
   np.testing.assert_array_equal(stored[n:], 0)
+
+
+@pytest.mark.parametrize("workers,n", [(1, 5), (3, 7), (8, 400), (130, 9)])
+def test_aggregate_sums_packed_codes_exactly(workers, n):
+  """The mean sums the codes on the packed bytes; it equals decoding every worker and averaging."""
+  comp = TernGrad(clip_sigma=None)
+  xs = jax.random.normal(jax.random.PRNGKey(workers), (workers, n))
+  s = jnp.max(jnp.abs(xs))
+  keys = jax.random.split(jax.random.PRNGKey(1), workers)
+  gathered = jax.vmap(lambda x, k: comp.encode(x, k, s))(xs, keys)
+  t = np.stack([np.asarray(comp.decode(jax.tree.map(lambda a: a[i], gathered), (n,))) / float(s)
+                for i in range(workers)]).round().astype(np.int64)
+  expected = (t.sum(0).astype(np.float32) * np.float32(s / workers)).astype(np.float32)
+  np.testing.assert_array_equal(np.asarray(comp.aggregate(gathered, (n,))), expected)

@@ -10,7 +10,7 @@ import optax
 import pytest
 
 import jaxcomp
-from jaxcomp import core, parallel
+from jaxcomp import core, parallel, transforms
 
 
 class _RoundPayload(NamedTuple):
@@ -115,6 +115,16 @@ def test_nonfinite_policies(policy):
   assert float(jaxcomp.metrics(st)["nonfinite_tensors"]) == 0.5  # per worker: one of two workers
   with pytest.raises(ValueError, match="nonfinite"):
     jaxcomp.compress(Round(), nonfinite="ignore")
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_is_nonfinite_is_not_all_isfinite(dtype):
+  big = float(jnp.finfo(dtype).max)
+  cases = [[], [0.0, -0.0], [big, big, -big], [1e-45, 3.0], [1.0, jnp.inf], [-jnp.inf, 2.0],
+           [jnp.nan, 1.0], [jnp.inf, -jnp.inf], [big] * 1000 + [jnp.nan]]
+  for c in cases:
+    x = jnp.asarray(c, dtype)
+    assert bool(jax.jit(transforms.is_nonfinite)(x)) == (not bool(jnp.all(jnp.isfinite(x)))), c
 
 
 def test_integer_leaves_rejected_and_registry():

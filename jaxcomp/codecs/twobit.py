@@ -71,6 +71,29 @@ def unpack_codes(b: jax.Array, n: int) -> jax.Array:
   return join_parts(b, lambda x, k: (x >> (2 * k)) & 3, n, 4)
 
 
+# Sums of codes over workers, on the packed bytes. A byte's four codes (planes
+# 0..3, two bits each) are spread into the four 8-bit lanes of a uint32, so an
+# integer sum of spread bytes adds every plane's codes in its own lane: one
+# addition per byte instead of four per value, and no unpacked codes per worker.
+# A code is at most 2, so a lane holds the sum of up to LANE_WORKERS workers.
+LANE_WORKERS = 255 // 2
+
+
+def spread_lanes(b: jax.Array) -> jax.Array:
+  """``b`` (uint8, any shape) as uint32 with byte ``b``'s code of plane ``k`` in bits ``8k .. 8k+1``."""
+  w = b.astype(jnp.uint32)
+  return (w & 3) | ((w & 0xC) << 6) | ((w & 0x30) << 12) | ((w & 0xC0) << 18)
+
+
+def lane_codes(s: jax.Array, n: int) -> jax.Array:
+  """The first ``n`` lane values (int32) of summed :func:`spread_lanes` words, in element order.
+
+  For ``s = Σ_i spread_lanes(b_i)`` over at most :data:`LANE_WORKERS` packed
+  streams this equals ``Σ_i unpack_codes(b_i, n)`` (as int32), exactly.
+  """
+  return join_parts(s, lambda x, k: ((x >> (8 * k)) & 0xFF).astype(jnp.int32), n, 4)
+
+
 @functools.partial(jax.jit, static_argnums=1)
 def _unpack(b: jax.Array, n: int) -> jax.Array:
   return unpack_codes(b, n).astype(jnp.int8) - 1

@@ -176,8 +176,14 @@ class TernGrad(core.Compressor):
       return super().aggregate(gathered, shape)
     n = core.size_of(shape)
     workers = gathered.scale.shape[0]
-    codes = jax.vmap(lambda c: twobit.unpack_codes(c, n))(gathered.codes)
-    total = core.sum_leading(codes) - workers  # int32: the sum of t over workers
+    # The codes are summed on the packed bytes, LANE_WORKERS workers at a time
+    # (integer sums: exact in any order). The plain form unpacks every worker:
+    # core.sum_leading(jax.vmap(lambda c: twobit.unpack_codes(c, n))(gathered.codes)).
+    codes = 0
+    for lo in range(0, workers, twobit.LANE_WORKERS):
+      lanes = core.sum_leading(twobit.spread_lanes(gathered.codes[lo:lo + twobit.LANE_WORKERS]))
+      codes = codes + twobit.lane_codes(lanes, n)
+    total = codes - workers  # int32: the sum of t over workers
     return (total.astype(jnp.float32) * (gathered.scale[0] / workers)).reshape(shape)
 
 
