@@ -151,7 +151,12 @@ def _reduce(kind: str, tree: Any, axis_name: AxisName) -> Any:
   collective = {"sum": lax.psum, "mean": lax.pmean, "max": lax.pmax}[kind]
   for n in reversed(axis_names(axis_name)):
     if _is_device_axis(n):
-      tree = collective(tree, n)
+      def device(a, n=n):
+        if kind != "max" and a.dtype == jnp.bfloat16 and jax.default_backend() == "cpu":
+          total = _bfloat16_sum_on_cpu(a, n)
+          return total / lax.axis_size(n) if kind == "mean" else total
+        return collective(a, n)
+      tree = jax.tree.map(device, tree)
     else:
       def local(a, n=n):
         stacked = lax.all_gather(a, n)
@@ -161,6 +166,34 @@ def _reduce(kind: str, tree: Any, axis_name: AxisName) -> Any:
         return total / stacked.shape[0] if kind == "mean" else total
       tree = jax.tree.map(local, tree)
   return tree
+
+
+def _bfloat16_sum_on_cpu(a: jax.Array, name: str) -> jax.Array:
+  """``lax.psum(a, name)`` of a bfloat16 array over a device axis, moving 16-bit values.
+
+  XLA:CPU promotes a bfloat16 all-reduce to float32 (the collective then
+  moves 4 bytes a value, twice what the caller counts). On CPU the sum is
+  therefore built from collectives that move bits: a reduce-scatter (an
+  all-to-all of the bfloat16 bits as uint16, in chunks of ``1/N``), each
+  worker's chunk summed in float32 and rounded to bfloat16 once, and an
+  all-gather of the summed chunks' bits. Each worker sends and receives
+  ``2(N − 1)/N`` of the array's bytes, as a ring all-reduce does. GPU and TPU
+  reduce bfloat16 natively (NCCL, ICI): there :func:`psum` keeps ``lax.psum``.
+  """
+  workers = lax.axis_size(name)
+  size = a.size
+  chunk = -(-size // workers)
+  bits = lax.bitcast_convert_type(jnp.pad(a.reshape(-1), (0, workers * chunk - size)), jnp.uint16)
+  bits = bits.reshape(workers, chunk)  # row j: the chunk worker j sums
+  scatter = lambda piece: lax.all_to_all(piece, name, split_axis=0, concat_axis=0, tiled=True)
+  received = in_pieces(scatter, bits, bits.nbytes // workers)  # row v: worker v's values of my chunk
+  values = lax.bitcast_convert_type(received, jnp.bfloat16).astype(jnp.float32)
+  mine = lax.bitcast_convert_type(core.sum_leading(values).astype(jnp.bfloat16), jnp.uint16)
+  manual = set(getattr(jax.sharding.get_abstract_mesh(), "manual_axes", ()))
+  to = "invarying" if name in manual else "varying"
+  gather = lambda piece: lax.all_gather(piece, name, to=to)
+  summed = in_pieces(gather, mine, mine.nbytes)  # (workers, chunk)
+  return lax.bitcast_convert_type(summed.reshape(-1)[:size], jnp.bfloat16).reshape(a.shape)
 
 
 def pmax(tree: Any, axis_name: AxisName) -> Any:
@@ -174,7 +207,12 @@ def pmean(tree: Any, axis_name: AxisName) -> Any:
 
 
 def psum(tree: Any, axis_name: AxisName) -> Any:
-  """``lax.psum`` over every axis in ``axis_name``."""
+  """``lax.psum`` over every axis in ``axis_name``.
+
+  A bfloat16 array over a device axis on CPU is summed by
+  :func:`_bfloat16_sum_on_cpu` (16-bit values on the wire, where XLA:CPU's
+  all-reduce would move float32).
+  """
   return _reduce("sum", tree, axis_name)
 
 

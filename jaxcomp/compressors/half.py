@@ -45,7 +45,11 @@ Decisions (tested in ``tests/test_zoo_sparse_half_natural.py``):
 * **The summation** runs in the half dtype, as NCCL's half all-reduce does;
   its order (a ring, a tree, the pairwise halving of
   :func:`jaxcomp.parallel.psum` over simulated workers) can change the last
-  bit of a half-precision sum.
+  bit of a half-precision sum. On CPU a ``bfloat16`` sum over devices is
+  built from a reduce-scatter and an all-gather of the 16-bit values, each
+  chunk summed in float32 and rounded once (XLA:CPU would otherwise promote
+  the ``bfloat16`` all-reduce to float32 and move 4 bytes a value; see
+  :func:`jaxcomp.parallel.psum`): the same bytes as a ring all-reduce.
 * ``encode``/``decode`` are the plain cast of one message and its inverse
   (the protocol's per-message view); the exchange encodes ``x_w / N``.
 
