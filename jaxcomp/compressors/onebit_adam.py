@@ -68,6 +68,12 @@ Decisions (tested in ``tests/test_onebit_adam.py``):
   ``β2^freeze_step``.
 * ``freeze_step >= 1``: the frozen variance must have been estimated; with
   ``v = 0`` the update would be ``m/ε``.
+* **ε after the freeze.** The 1-bit code gives every coordinate of a tensor
+  the same magnitude (its root mean square), so a coordinate whose frozen
+  variance is near 0 moves by about ``lr·rms/ε``. With Adam's ``ε = 1e-8``,
+  LeNet on Fashion-MNIST diverged within 20 steps of the freeze; with
+  ``ε = 1e-4`` it trains (``configs/zoo.py``). Raise ``ε`` for models with
+  coordinates whose gradients are (nearly) always zero.
 * **Bytes** (:func:`jaxcomp.metrics`): during the warm-up those of the float
   exchange of the gradients (``bytes_on_wire = float32_bytes`` for float32
   gradients; with ``exchange`` other than ``"all_gather"``,
