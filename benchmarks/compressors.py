@@ -81,6 +81,17 @@ def compressor_of(name: str, **kwargs: Any) -> core.Compressor:
   return captured[-1]
 
 
+def emit(doc: dict, path: str = "") -> dict:
+  """Writes the JSON document ``doc`` to ``path``, or prints it without one; returns it."""
+  text = json.dumps(doc, indent=1, default=float)
+  if path:
+    with open(path, "w") as f:
+      f.write(text + "\n")
+  else:
+    print(text)
+  return doc
+
+
 def parse_size(s: str) -> int:
   s = s.strip().upper()
   mult = {"K": 2**10, "M": 2**20, "G": 2**30}.get(s[-1:], 1)
@@ -272,13 +283,7 @@ def main(argv=None) -> dict:
       "repeats": args.repeats,
       "results": results,
   }
-  text = json.dumps(doc, indent=1, default=float)
-  if args.json:
-    with open(args.json, "w") as f:
-      f.write(text + "\n")
-  else:
-    print(text)
-  return doc
+  return emit(doc, args.json)
 
 
 if __name__ == "__main__":

@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import platform
 import statistics
@@ -274,13 +273,8 @@ def main(argv=None) -> dict:
       "command": "python -m benchmarks.step_time " + " ".join(sys.argv[1:] if argv is None else argv),
       "results": rows,
   }
-  text = json.dumps(doc, indent=1, default=float)
-  if args.json:
-    with open(args.json, "w") as f:
-      f.write(text + "\n")
-  else:
-    print(text)
-  return doc
+  from benchmarks.compressors import emit  # pylint: disable=g-import-not-at-top
+  return emit(doc, args.json)
 
 
 if __name__ == "__main__":

@@ -85,6 +85,7 @@ import time
 from typing import IO, NamedTuple, Sequence
 
 from experiments import distributed
+from experiments import procenv
 
 PREFIX = "jaxc"
 SUBNET = "10.213.0"  # rank r is SUBNET.(r+1); each launch has its own isolated bridge
@@ -446,7 +447,7 @@ def child_env(rank: int, args: argparse.Namespace, coordinator: str) -> dict[str
   env.pop("JAXCOMP_LINK", None)
   if args.link is not None:
     env["JAXCOMP_LINK"] = args.link.rate + (f",{args.link.delay}" if args.link.delay else "")
-  return env
+  return procenv.with_huge_pages(env)  # CPU: about 2x faster steps (experiments/procenv.py)
 
 
 class Outcome(NamedTuple):

@@ -42,6 +42,8 @@ from absl import app
 from absl import flags
 from absl import logging
 
+from experiments import procenv
+
 FLAGS = flags.FLAGS
 
 
@@ -147,7 +149,8 @@ def main(argv):
     print(f"[{i + 1}/{len(runs)}] {r['name']} ({r['state']}) ...", flush=True)
     t0 = time.time()
     with open(os.path.join(r["workdir"], "log.txt"), "a") as log:
-      proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT)
+      # CPU: about 2x faster steps with huge pages (experiments/procenv.py; JAXCOMP_HUGE_PAGES=0: off).
+      proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=procenv.with_huge_pages(os.environ))
     dt = time.time() - t0
     if proc.returncode != 0:
       print(f"    FAILED (exit {proc.returncode}) after {dt:.0f} s; see {r['workdir']}/log.txt", flush=True)

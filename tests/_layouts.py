@@ -115,3 +115,15 @@ def vmap_update(tx, grads, state):
   """``tx.update`` jitted over a ``"w"`` worker axis (updates unbatched, worker-local state batched)."""
   axes = parallel.worker_axes(state)
   return jax.jit(jax.vmap(tx.update, in_axes=(0, axes), out_axes=(None, axes), axis_name="w"))(grads, state)
+
+
+_VMAPPED = {}
+
+
+def vmap_update(tx, grads, state):
+  """``tx.update`` over a ``"w"`` worker axis under jit; compiled once per transform and state structure."""
+  key = (id(tx), jax.tree.structure(state))
+  if key not in _VMAPPED:
+    axes = parallel.worker_axes(state)
+    _VMAPPED[key] = (tx, jax.jit(jax.vmap(tx.update, in_axes=(0, axes), out_axes=(None, axes), axis_name="w")))
+  return _VMAPPED[key][1](grads, state)

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from experiments import distributed, launch
+from experiments import distributed, launch, procenv
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -212,6 +212,22 @@ def test_launch_env_reads_and_checks_the_variables():
     with pytest.raises(ValueError, match=match):
       distributed.launch_env({**env, **bad})
   assert not distributed.initialize_from_env()  # this test process is not launched
+
+
+def test_children_get_huge_pages_unless_told_not_to():
+  assert procenv.with_huge_pages({}) == {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
+  assert procenv.with_huge_pages({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"})["GLIBC_TUNABLES"] == (
+      "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1")
+  assert procenv.with_huge_pages({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"})["GLIBC_TUNABLES"] == (
+      "glibc.malloc.hugetlb=0")  # the user's own setting wins
+  assert "GLIBC_TUNABLES" not in procenv.with_huge_pages({"JAXCOMP_HUGE_PAGES": "0"})
+  show = "import os; print('tunables', os.environ.get('GLIBC_TUNABLES'))"
+  res, _, _ = _launch(["--processes", "2", "--", "-c", show], GLIBC_TUNABLES="")
+  assert res.returncode == 0, res.stderr
+  for r in range(2):
+    assert f"[rank{r}]: tunables glibc.malloc.hugetlb=1" in res.stdout, res.stdout
+  res, _, _ = _launch(["--processes", "1", "--", "-c", show], GLIBC_TUNABLES="", JAXCOMP_HUGE_PAGES="0")
+  assert res.returncode == 0 and "[rank0]: tunables" in res.stdout and "hugetlb" not in res.stdout, res.stdout
 
 
 def test_bad_arguments_are_clear(capsys):

@@ -21,7 +21,7 @@ from jaxcomp.codecs import base243, zerorun
 from jaxcomp.compressors.qsgd import code_width, levels_for_bits
 from jaxcomp.compressors.threelc import ThreeLC, quantize_3value
 
-from _layouts import run_layouts
+from _layouts import run_layouts, vmap_update as _vmap_update
 
 N = 8
 
@@ -42,16 +42,6 @@ EF = [k for k, (c, _) in COMPRESSORS.items() if c.error_feedback]
 LAYOUTS = [k for k in COMPRESSORS if k != "qsgd_l2_whole"]  # one QSGD config suffices (compile time)
 
 
-_JITTED = {}
-
-
-def _vmap_update(tx, grads, state):
-  """tx.update over a "w" worker axis; compiled once per transform and state structure."""
-  key = (id(tx), jax.tree.structure(state))
-  if key not in _JITTED:
-    axes = parallel.worker_axes(state)
-    _JITTED[key] = (tx, jax.jit(jax.vmap(tx.update, in_axes=(0, axes), out_axes=(None, axes), axis_name="w")))
-  return _JITTED[key][1](grads, state)
 
 
 def _roundtrip(comp, x, key):

@@ -23,19 +23,9 @@ from jaxcomp import parallel
 
 dgc_module = importlib.import_module("jaxcomp.compressors.dgc")  # jaxcomp.compressors.dgc is the factory
 
-from _layouts import run_layouts
+from _layouts import run_layouts, vmap_update as _vmap_update
 
 W = 4  # workers of the vmap tests
-_JITTED = {}
-
-
-def _vmap_update(tx, grads, state):
-  """tx.update over a "w" worker axis, compiled once per transform and state structure."""
-  key = (id(tx), jax.tree.structure(state))
-  if key not in _JITTED:
-    axes = parallel.worker_axes(state)
-    _JITTED[key] = (tx, jax.jit(jax.vmap(tx.update, in_axes=(0, axes), out_axes=(None, axes), axis_name="w")))
-  return _JITTED[key][1](grads, state)
 
 
 def _run(tx, grads_per_step, params):

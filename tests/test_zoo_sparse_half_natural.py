@@ -24,7 +24,7 @@ from jaxcomp import core, parallel
 from jaxcomp.compressors.natural import NaturalPayload
 from jaxcomp.compressors.randomk import affine_indices, affine_map
 
-from _layouts import run_layouts
+from _layouts import run_layouts, vmap_update as _vmap_update
 
 N = 8
 KEY = jax.random.PRNGKey(0)
@@ -37,16 +37,6 @@ FACTORIES = {
     "natural": lambda **kw: jaxcomp.natural(**kw),
 }
 
-_JITTED = {}
-
-
-def _vmap_update(tx, grads, state):
-  """tx.update over a "w" worker axis; compiled once per transform and state structure."""
-  key = (id(tx), jax.tree.structure(state))
-  if key not in _JITTED:
-    axes = parallel.worker_axes(state)
-    _JITTED[key] = (tx, jax.jit(jax.vmap(tx.update, in_axes=(0, axes), out_axes=(None, axes), axis_name="w")))
-  return _JITTED[key][1](grads, state)
 
 
 # -- the same numbers under every layout ---------------------------------------------
