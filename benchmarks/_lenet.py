@@ -47,9 +47,15 @@ class RealLeNet:
     logits = self.model.apply({"params": params}, x)
     return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
 
+  @property
+  def num_train(self) -> int:
+    return len(self._y)
+
   def batches(self, batch: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Endless batches of ``batch`` training examples, reshuffled every epoch."""
     n = len(self._y)
+    if not 0 < batch <= n:
+      raise ValueError(f"batch {batch} must be in [1, {n}] (the training examples of {self.dataset}).")
     while True:
       order = self._rng.permutation(n)
       for i in range(0, n - batch + 1, batch):

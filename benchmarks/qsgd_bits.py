@@ -40,10 +40,7 @@ writes ``<out>/<dataset>/lenet/{results.json, config.json, command.txt}``
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
-import shlex
 import sys
 import time
 from typing import Any
@@ -53,6 +50,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from benchmarks import _results
 from benchmarks._lenet import RealLeNet
 from jaxcomp import codecs
 from jaxcomp.compressors.qsgd import QSGD
@@ -210,15 +208,7 @@ def main(argv=None) -> dict[str, Any]:
   args = parser.parse_args(argv)
   res = run(args.dataset, [int(t) for t in args.steps.split(",")], parse_levels(args.levels), args.draws,
             args.batch, args.lr, args.seed)
-  out = os.path.join(args.out, res["dataset"], "lenet")
-  os.makedirs(out, exist_ok=True)
-  with open(os.path.join(out, "results.json"), "w") as f:
-    json.dump(res, f, indent=1)
-  with open(os.path.join(out, "config.json"), "w") as f:
-    json.dump({"experiment": "QSGD-B", **vars(args), "dataset": res["dataset"]}, f, indent=2)
-  with open(os.path.join(out, "command.txt"), "w") as f:
-    f.write(shlex.join(["python", "-m", "benchmarks.qsgd_bits"] + (sys.argv[1:] if argv is None else list(argv)))
-            + "\n")
+  _results.write_run_dir(args.out, "QSGD-B", "lenet", res, vars(args), "benchmarks.qsgd_bits", argv)
   print(table(res))
   return res
 

@@ -151,20 +151,83 @@ def worker(args) -> int:
   return link.finish("train_step_link", results, args.json, steps=args.steps, overrides=args.set)
 
 
+def wire_bytes(name: str, method: str, processes: int, overrides=()) -> int:
+  """Bytes one worker hands to collectives in a step of this config and method.
+
+  ``jaxcomp.metrics``' ``bytes_on_wire`` after one update over ``processes``
+  workers under ``jax.eval_shape``: exact, and nothing is computed (every
+  payload's size is known while tracing; variable-length encodings' exact
+  sizes are ``encoded_bytes``, not counted here).
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import jaxcomp  # pylint: disable=g-import-not-at-top
+  from experiments import train  # pylint: disable=g-import-not-at-top
+  from jaxcomp import data as data_lib  # pylint: disable=g-import-not-at-top
+  from jaxcomp import models  # pylint: disable=g-import-not-at-top
+  from jaxcomp import parallel  # pylint: disable=g-import-not-at-top
+  c = _config(name, method, processes, overrides)
+  shape = tuple(data_lib.output_image_shape(c.dataset, c.augment, c.image_size, c.channels))
+  model = models.get_model(c.model, data_lib.get_spec(c.dataset).num_classes, **c.model_kwargs.to_dict())
+  key = jax.random.PRNGKey(0)
+  params = jax.eval_shape(lambda: model.init({"params": key, "dropout": key}, jnp.zeros((1,) + shape),
+                                             train=False))["params"]
+  grads = jax.tree.map(lambda p: jax.ShapeDtypeStruct((processes,) + p.shape, p.dtype), params)
+  tx = train.make_tx(c, "w")
+
+  def step(params, grads):
+    state = parallel.replicate_workers(tx.init(params), processes)
+    axes = parallel.worker_axes(state)
+    update = jax.vmap(lambda g, s: tx.update(g, s, params), in_axes=(0, axes), out_axes=(None, axes),
+                      axis_name="w")
+    return jaxcomp.metrics(update(grads, state)[1])["bytes_on_wire"]
+
+  return int(jax.eval_shape(step, params, grads))
+
+
 def report(paths) -> int:
-  """One Markdown table: step, gradient and exchange seconds, and the step's speedup over float."""
-  print("| processes | link | config | method | step s | step speedup |")
-  print("|---:|---|---|---|---:|---:|")
+  """Markdown: one row per (config, method) with the speedup at every (P, link), then every result."""
+  docs = []
   for path in paths:
     with open(path) as f:
-      doc = json.load(f)
+      docs.append(json.load(f))
+  rows = []  # (P, link, config, method, step s, speedup, bytes, wire ratio)
+  for doc in docs:
+    p, over = doc["processes"], doc.get("overrides", ())
     base = {r["config"]: r["step_time_sec"] for r in doc["results"] if r["method"] == "none"}
     for r in doc["results"]:
+      nbytes = wire_bytes(r["config"], r["method"], p, over)
       sp = base.get(r["config"])
-      speedup = "" if sp is None else f"{sp / r['step_time_sec']:.2f}"
-      print(f"| {doc['processes']} | {doc['link']} | {r['config']} | `{r['method']}` | "
-            f"{r['step_time_sec']:.3f} | {speedup} |")
+      rows.append((p, doc["link"], r["config"], r["method"], r["step_time_sec"],
+                   None if sp is None else sp / r["step_time_sec"],
+                   nbytes, wire_bytes(r["config"], "none", p, over) / nbytes))
+  _print_pivot(rows)
+  print()
+  print("| processes | link | config | method | step s | step speedup | bytes / worker / step "
+        "| wire ratio | speedup / wire ratio |")
+  print("|---:|---|---|---|---:|---:|---:|---:|---:|")
+  for p, link, config, method, t, speedup, nbytes, ratio in rows:
+    eff = "" if speedup is None or method == "none" else f"{speedup / ratio:.2f}"
+    print(f"| {p} | {link} | {config} | `{method}` | {t:.3f} | "
+          f"{'' if speedup is None else f'{speedup:.2f}'} | {nbytes:,} | {ratio:.1f} | {eff} |")
   return 0
+
+
+def _print_pivot(rows) -> None:
+  """Float's step time and each method's step speedup, a column per (P, link)."""
+  columns = sorted({(r[0], r[1]) for r in rows}, key=lambda c: (c[0], link.rate_bits_per_second(c[1])))
+  cell = {(r[0], r[1], r[2], r[3]): r for r in rows}
+  keys = list(dict.fromkeys((r[2], r[3]) for r in rows))
+  print("| config | method | wire ratio | " + " | ".join(f"P={p}, {l}" for p, l in columns) + " |")
+  print("|---|---|---:|" + "---:|" * len(columns))
+  for config, method in keys:
+    ratios = sorted({f"{r[7]:.1f}" for r in rows if (r[2], r[3]) == (config, method)}, key=float)
+    cells = []
+    for p, l in columns:
+      r = cell.get((p, l, config, method))
+      cells.append("" if r is None else f"{r[4]:.3f} s" if method == "none"
+                   else "" if r[5] is None else f"{r[5]:.2f}×")
+    print(f"| {config} | `{method}` | {'–'.join(ratios)} | " + " | ".join(cells) + " |")
 
 
 def main(argv=None) -> int:

@@ -117,6 +117,20 @@ def vmap_update(tx, grads, state):
   return jax.jit(jax.vmap(tx.update, in_axes=(0, axes), out_axes=(None, axes), axis_name="w"))(grads, state)
 
 
+def assert_error_feedback_conserves(tx, workers=4, steps=12, shape=(6, 9)):
+  """Per worker, Σ own decodes + the final residual = Σ inputs, so the Σ of updates is the mean of
+  (Σ inputs − residual); checked over ``steps`` updates of Gaussian gradients of growing scale."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  state = parallel.replicate_workers(tx.init(jax.numpy.zeros(shape)), workers)
+  total_in, total_upd = jax.numpy.zeros((workers,) + shape), jax.numpy.zeros(shape)
+  for t in range(steps):
+    g = jax.random.normal(jax.random.PRNGKey(t), (workers,) + shape) * (1 + t % 3)
+    upd, state = vmap_update(tx, g, state)
+    total_in, total_upd = total_in + g, total_upd + upd
+  np.testing.assert_allclose(total_upd, (total_in - state.local.residual).mean(0), atol=2e-5)
+  return state
+
+
 _VMAPPED = {}
 
 

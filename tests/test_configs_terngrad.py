@@ -122,3 +122,19 @@ def test_googlenet_runlocal_stand_in(tmp_path):
   tx = train.make_tx(c, "workers")
   state = jax.eval_shape(lambda p: parallel.replicate_workers(tx.init(p), 2), v["params"])
   assert isinstance(tx, optax.GradientTransformation) and jax.tree.leaves(state)
+
+
+def test_tg_f3_grid_has_the_seed_spread_and_the_float_logits_ablation():
+  from configs import terngrad_lenet as cfg  # pylint: disable=g-import-not-at-top
+
+  grid = dict(cfg.get_sweep())
+  assert len(grid) == 2 * 7 * 2 + 2 * 2 + 2  # the figure, seeds 1 and 2 at N = 16, the ablation
+  assert grid["momentum/N16/terngrad_seed2"] == {**grid["momentum/N16/terngrad"], "seed": 2}
+  assert grid["momentum/N16/none_seed1"]["seed"] == 1
+  for n in (16, 64):
+    assert grid[f"momentum/N{n}/terngrad_float_logits"] == {**grid[f"momentum/N{n}/terngrad"],
+                                                            "skip_last_layer": True}
+  c = cfg.get_config()
+  assert not c.skip_last_layer  # the default ternarizes every tensor, as the authors' LeNet script
+  for overrides in grid.values():  # every override names a config field
+    assert set(overrides) <= set(c.keys())

@@ -81,6 +81,9 @@ def test_link_sweep_plans_every_design_over_every_link(tmp_path):
   c = cfg.get_config()
   assert (c.workers, c.max_devices, c.batch_size) == (4, 1, 128)
   assert 0 < c.target_accuracy < 1 and c.num_train_steps % c.eval_every == 0
+  # The committed runs' bucket is the launcher's: change one and the runs must be made again.
+  from experiments import launch
+  assert cfg.RUNS_TBF_BURST == {link: launch.tbf_burst(link) for link in cfg.LINKS}
 
 
 def test_two_phase_training_sweeps():
@@ -123,4 +126,21 @@ def test_train_step_link_checks_arguments_and_reports(tmp_path, capsys):
       {"config": "lenet", "method": "terngrad", "step_time_sec": 0.1}]}
   (tmp_path / "d.json").write_text(json.dumps(doc))
   assert tsl.main(["--report", str(tmp_path / "d.json")]) == 0
-  assert "| 4 | 100mbit | lenet | `terngrad` | 0.100 | 5.00 |" in capsys.readouterr().out
+  # LeNet's 8 tensors, each 2-bit codes, its scale, the agreed scale and a non-finite flag (TernGrad).
+  import math
+  import jax
+  from jaxcomp import models
+  params = jax.eval_shape(lambda: models.get_model("lenet", 10).init(
+      jax.random.PRNGKey(0), jax.numpy.zeros((1, 28, 28, 1))))["params"]
+  sizes = [math.prod(p.shape) for p in jax.tree.leaves(params)]
+  wire, floats = sum(math.ceil(n / 4) + 9 for n in sizes), 4 * sum(sizes)
+  assert len(sizes) == 8 and floats == 4 * 431_080
+  out = capsys.readouterr().out
+  assert f"| 4 | 100mbit | lenet | `none` | 0.500 | 1.00 | {floats:,} | 1.0 |  |" in out
+  ratio = floats / wire
+  assert (f"| 4 | 100mbit | lenet | `terngrad` | 0.100 | 5.00 | {wire:,} | {ratio:.1f} | "
+          f"{5 / ratio:.2f} |") in out
+  # The summary table first: float's step time, each method's speedup, one column per (P, link).
+  assert "| config | method | wire ratio | P=4, 100mbit |" in out
+  assert "| lenet | `none` | 1.0 | 0.500 s |" in out
+  assert f"| lenet | `terngrad` | {ratio:.1f} | 5.00× |" in out

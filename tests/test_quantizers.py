@@ -21,7 +21,7 @@ from jaxcomp.codecs import base243, zerorun
 from jaxcomp.compressors.qsgd import code_width, levels_for_bits
 from jaxcomp.compressors.threelc import ThreeLC, quantize_3value
 
-from _layouts import run_layouts, vmap_update as _vmap_update
+from _layouts import assert_error_feedback_conserves, run_layouts, vmap_update as _vmap_update
 
 N = 8
 
@@ -145,18 +145,9 @@ def test_nonfinite_policies(name):
 @pytest.mark.parametrize("name", EF)
 def test_error_feedback_conservation(name):
   """Per worker: sum of own decodes + final residual == sum of inputs; the update is their mean."""
-  W, T = 4, 12
-  tx = COMPRESSORS[name][1](axis_name="w")
+  T = 12
   comp = COMPRESSORS[name][0]
-  state = parallel.replicate_workers(tx.init(jnp.zeros((6, 9))), W)
-  total_in = jnp.zeros((W, 6, 9))
-  total_upd = jnp.zeros((6, 9))
-  for t in range(T):
-    g = jax.random.normal(jax.random.PRNGKey(t), (W, 6, 9)) * (1 + t % 3)
-    upd, state = _vmap_update(tx, g, state)
-    total_in += g
-    total_upd += upd
-  np.testing.assert_allclose(total_upd, (total_in - state.local.residual).mean(0), atol=2e-5)
+  state = assert_error_feedback_conserves(COMPRESSORS[name][1](axis_name="w"), steps=T)
   assert float(jnp.max(jnp.abs(state.local.residual))) > 0  # not vacuous
   # Single worker: sum(decoded) + residual == sum(inputs), exactly up to float error.
   tx1 = COMPRESSORS[name][1]()

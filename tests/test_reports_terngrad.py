@@ -169,3 +169,46 @@ def test_tg_f5_labels_estimates(tmp_path):
   assert b["two-phase crosses float at"] == "never" and number(b["two-phase checked up to N"]) == 65536
   assert "measurement" not in f5.replace("not measurements", "").replace("not measured", "")
   assert (tmp_path / "docs" / "results" / "tg_f5_throughput.png").exists()
+
+
+def test_tg_f3_seed_spread_ablation_and_mechanism(tmp_path):
+  """TG-F3's extra rows and the mechanism paragraph, from FIXTURE runs and a FIXTURE results.json."""
+  from configs import terngrad_lenet as cfg  # pylint: disable=g-import-not-at-top
+
+  root = str(tmp_path / "runs")
+  acc = {("none", 0): 0.91, ("terngrad", 0): 0.90, ("none", 1): 0.92, ("terngrad", 1): 0.905,
+         ("none", 2): 0.915, ("terngrad", 2): 0.91}
+  for (comp, seed), a in acc.items():
+    _run(root, "TG-F3", "fm", cfg.run_name("momentum", 16, comp, seed=seed), config={"dataset": "fm"},
+         summary=dict(_summary("fm", 16, 64, 10, comp, a), seed=seed))
+  _run(root, "TG-F3", "fm", "momentum/N64/none", config={"dataset": "fm"},
+       summary=_summary("fm", 64, 64, 10, "none", 0.90))
+  for n, a in ((16, 0.907), (64, 0.896)):
+    _run(root, "TG-F3", "fm", cfg.run_name("momentum", n, "terngrad", float_logits=True),
+         config={"dataset": "fm"}, summary=_summary("fm", n, 64, 10, "terngrad", a))
+  d = os.path.join(root, "TG-F3", "fm", "variance")
+  os.makedirs(d)
+  point = {"terngrad_added": {"1": 0.8, "64": 1.6}, "terngrad_added_float_logits": {"1": 0.6, "64": 1.44},
+           "scalar_over_sigma_median": {"1": 2.5, "64": 400.0}, "minibatch_noise_b64": 6.5}
+  json.dump({"dataset": "fm", "total_batch": 64, "batches": 2, "keys": 3, "train_steps": 100,
+             "workers": [1, 64], "points": {"init": point, "after 100 steps": point}},
+            open(os.path.join(d, "results.json"), "w"))
+  json.dump({"experiment": "TG-F3"}, open(os.path.join(d, "config.json"), "w"))
+  open(os.path.join(d, "command.txt"), "w").write("python -m benchmarks.terngrad_variance --keys 3\n")
+
+  f3 = section(report.build(root, str(tmp_path / "docs" / "results.md")), "TG-F3")
+  spread = table(f3, "seed", "floating", "TernGrad")
+  assert [number(r["Δ (pp)"]) for r in spread] == [-1.0, -1.5, -0.5]
+  assert numbers_after(f3, "Over 3 seeds Δ is")[:2] == [-1.0, 0.5]  # mean and sample std
+  abl = table(f3, "N", "floating", "TernGrad, every tensor")
+  assert [number(row(abl, N="16")[c]) for c in ("TernGrad, logits in float", "floating")] == [90.7, 91.0]
+  assert number(row(abl, N="64")["TernGrad, every tensor"]) is None  # not run in the fixture
+  assert number(row(abl, N="64")["Δ, every tensor (pp)"]) is None
+  assert number(row(abl, N="64")["Δ, logits in float (pp)"]) == -0.4
+  assert number(row(abl, N="16")["Δ, every tensor (pp)"]) == -1.0
+  mech = table(f3, "N", "per-worker batch", "median s/σᵢ")
+  assert [number(row(mech, N="64")[c]) for c in ("per-worker batch", "median s/σᵢ", "cut by logits in float")] == [
+      1, 400.0, 10]
+  assert number(row(mech, N="1")["cut by logits in float"]) == 25
+  assert "`python -m benchmarks.terngrad_variance --keys 3`" in f3
+  assert "cuts the added error by 10–25%" in f3

@@ -23,6 +23,7 @@ from experiments import report
 from _report_tables import number, numbers, numbers_after, row, section, table
 from experiments import train
 from jaxcomp import codecs
+from jaxcomp.compressors.qsgd import levels_for_bits
 
 CONFIGS = {"3LC-T1": threelc_resnet110, "QSGD-T1": qsgd_resnet110}
 
@@ -68,11 +69,26 @@ def test_paper_numbers_as_the_tables_state_them():
   for k, d in diffs.items():
     assert round(acc[k] - acc["float32"], 2) == d
   q = qsgd_resnet110.PAPER["accuracy"]
-  assert q == {"float32": 93.86, "qsgd_2bit_b128": None, "qsgd_4bit_b512": 94.19, "qsgd_8bit_b512": None}
+  assert q == {"float32": 93.86, "qsgd_2bit_b128": None, "qsgd_4bit_b512": 94.19,
+               "qsgd_4bit_s16_b512": 94.19, "qsgd_8bit_b512": None}
   c = threelc_resnet110.get_config()
   assert c.learning_rate * c.workers == 1.0 and math.isclose(c.lr_end, 0.01)
   assert c.batch_norm_stats == "worker0" and c.skip_batch_norm and c.batch_size == 320
   assert qsgd_resnet110.get_config().min_size == 10_000
+
+
+def test_qsgd_t1_reduced_is_3lc_t1s_scale_with_4bit_read_both_ways():
+  q, t = qsgd_resnet110.get_config("runlocal"), threelc_resnet110.get_config("runlocal")
+  for key in ("model", "dataset", "num_train_steps", "seed"):
+    assert q[key] == t[key], key
+  levels = {}
+  for name, (label, overrides) in qsgd_resnet110.DESIGNS.items():
+    if overrides["compressor"] == "qsgd":
+      kw = overrides["compressor_kwargs"]
+      s = kw.get("levels") or levels_for_bits(kw["bits_per_value"])
+      levels[name] = s
+      assert f"s = {s} " in label, label  # the label names the reading
+  assert levels == {"qsgd_2bit_b128": 1, "qsgd_4bit_b512": 7, "qsgd_4bit_s16_b512": 16, "qsgd_8bit_b512": 127}
 
 
 @pytest.mark.parametrize("module", CONFIGS.values(), ids=CONFIGS.keys())
@@ -209,9 +225,9 @@ def test_qsgd_renderers_on_fixture_runs(tmp_path):
   cols = ("paper: test acc. (%)", "paper: Δ vs float (pp)", "ours: test acc. (%)", "ours: Δ vs float (pp)",
           "difference of Δs (pp)", "quantized bits/value", "quantized share")
   # 4000 of 4400 gradient bytes quantized (90.9%), 1000 values in 281 bytes = 2.248 bits.
-  assert [number(row(designs, design="QSGD 4-bit, d=512")[c]) for c in cols] == [
+  assert [number(row(designs, design="QSGD 4-bit, d=512, s = 7 (sign in the bits)")[c]) for c in cols] == [
       94.19, 0.33, 72.0, 2.0, 1.67, 2.248, 90.9]
-  assert [number(row(designs, design="QSGD 2-bit, d=128")[c]) for c in cols[:5]] == [
+  assert [number(row(designs, design="QSGD 2-bit, d=128, s = 1 (sign in the bits)")[c]) for c in cols[:5]] == [
       None, None, 71.0, 1.0, None]  # the paper gives no 2-bit number for ResNet-110
   sq = next(r for r in res["rows"] if r["s"] == qsgd_bits.SQRT_N and r["scope"] == "model")
   msg = row(table(b, "step", "scope", "s"), step="0", scope="model", s="√n = 22")

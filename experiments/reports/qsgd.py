@@ -26,7 +26,10 @@ def render_t1(runs_by_dataset, out_path: str, img_dir: str) -> list[str]:
       "Settings (`configs/qsgd_resnet110.py`; the paper's where stated: max-norm buckets, 2-bit d=128, "
       "4/8-bit d=512, tensors under 10K elements in float, no error feedback, initial LR 0.1; He et al.'s "
       "ResNet recipe where QSGD is silent: 8 workers x 16, momentum 0.9, weight decay 1e-4, LR ÷10 at "
-      "50% and 75% of the steps). *Quantized bits/value*: bits per value of the quantized tensors on "
+      "50% and 75% of the steps). The paper does not say how \"b bits\" map to the levels s: each "
+      "row's label names its reading, the sign counted in the bits (s = 2^(b−1) − 1) or, for 4-bit "
+      "also, s = 2^4 = 16 as §4's variance example √512/2⁴ reads; both 4-bit rows are compared with "
+      "Table 1's one 4-bit number. *Quantized bits/value*: bits per value of the quantized tensors on "
       "the wire (codes + one float32 norm per bucket + a flag per tensor); *quantized share*: the "
       "fraction of gradient values that are quantized (the rest, tensors under 10K, go in float32).",
       "",
