@@ -25,6 +25,7 @@ tensors in float). Methods as in ``benchmarks.link`` (``name:key=value``).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -151,7 +152,8 @@ def worker(args) -> int:
   return link.finish("train_step_link", results, args.json, steps=args.steps, overrides=args.set)
 
 
-def wire_bytes(name: str, method: str, processes: int, overrides=()) -> int:
+@functools.lru_cache(maxsize=None)
+def wire_bytes(name: str, method: str, processes: int, overrides: tuple = ()) -> int:
   """Bytes one worker hands to collectives in a step of this config and method.
 
   ``jaxcomp.metrics``' ``bytes_on_wire`` after one update over ``processes``
@@ -193,7 +195,7 @@ def report(paths) -> int:
       docs.append(json.load(f))
   rows = []  # (P, link, config, method, step s, speedup, bytes, wire ratio)
   for doc in docs:
-    p, over = doc["processes"], doc.get("overrides", ())
+    p, over = doc["processes"], tuple(doc.get("overrides", ()))
     base = {r["config"]: r["step_time_sec"] for r in doc["results"] if r["method"] == "none"}
     for r in doc["results"]:
       nbytes = wire_bytes(r["config"], r["method"], p, over)
