@@ -44,6 +44,7 @@ which ``experiments.report`` reads for TG-F3's mechanism.
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 
 import jax
@@ -90,8 +91,7 @@ def scalar_over_sigma(gs, clip_sigma: float = CLIP_SIGMA) -> np.ndarray:
 def measure(net: RealLeNet, params, batches, keys: int, workers=WORKERS,
             float_logits: bool = False) -> dict[int, float]:
   """Relative squared error TernGrad's exchange adds, per N (mean over batches and keys)."""
-  # Every worker's gradient of its share of the batch, compiled once per N.
-  worker_grads = jax.jit(jax.vmap(jax.grad(net.loss), in_axes=(None, 0, 0)))
+  worker_grads = _worker_grads(net)
   skip = jaxcomp.skip_by_path(models.is_last_layer) if float_logits else None
   out = {}
   for n in workers:
@@ -116,6 +116,13 @@ def measure(net: RealLeNet, params, batches, keys: int, workers=WORKERS,
   return out
 
 
+@functools.lru_cache(maxsize=None)
+def _worker_grads(net: RealLeNet):
+  """Every worker's gradient of its share of the batch: one jitted function per net, shared by
+  every measure (compiled once per N)."""
+  return jax.jit(jax.vmap(jax.grad(net.loss), in_axes=(None, 0, 0)))
+
+
 def _split_grads(worker_grads, params, batches, n: int):
   """Per batch: the N workers' gradients of their shares, and their mean."""
   for x, y in batches:
@@ -127,7 +134,7 @@ def _split_grads(worker_grads, params, batches, n: int):
 
 def scalar_ratio_medians(net: RealLeNet, params, batches, workers=WORKERS) -> dict[int, float]:
   """Median ``s/σ_i`` per N over tensors, workers and batches."""
-  worker_grads = jax.jit(jax.vmap(jax.grad(net.loss), in_axes=(None, 0, 0)))
+  worker_grads = _worker_grads(net)
   return {n: float(np.median(np.concatenate(
       [scalar_over_sigma(gs) for gs, _ in _split_grads(worker_grads, params, batches, n)])))
           for n in workers}
