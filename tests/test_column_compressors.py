@@ -330,28 +330,48 @@ def test_topk_sampled_threshold_and_overflow():
   assert len(set(counts)) > 1  # really sampled
   np.testing.assert_array_equal(overflows, np.maximum(counts - 5000, 0))
   assert np.any(np.array(overflows) > 0)
-  # Over capacity, the first selected entries in index order win.
-  key = jax.random.PRNGKey(int(np.argmax(overflows)))
-  out = np.asarray(_code(comp, x, key)[2])
-  sel = np.flatnonzero(np.abs(np.asarray(x)) >= float(comp.threshold(x, key)))
-  np.testing.assert_array_equal(np.flatnonzero(out), sel[:5000])
+  # Over capacity, 5000 consecutive selected entries (in index order, wrapping
+  # around) are sent, from a start that varies with the key.
+  starts = set()
+  for i in np.flatnonzero(overflows):
+    key = jax.random.PRNGKey(int(i))
+    out = np.asarray(_code(comp, x, key)[2])
+    sel = np.flatnonzero(np.abs(np.asarray(x)) >= float(comp.threshold(x, key)))
+    sent = np.isin(sel, np.flatnonzero(out))
+    assert np.all(out[sel[sent]] == np.asarray(x)[sel[sent]]) and sent.sum() == 5000
+    start = (int(np.flatnonzero(sent & ~np.roll(sent, 1))[0]) if not sent.all() else 0)
+    np.testing.assert_array_equal(np.roll(sent, -start), np.arange(sel.size) < 5000)
+    starts.add(start)
+  assert len(starts) > 1
 
 
 def test_topk_bitmap_layout_marks_exactly_the_sent_entries():
   """Entry i is bit i % 8 (LSB first) of byte i // 8, set iff entry i is sent; the pad bits are 0.
 
   Lengths around the 8- and 32-entry boundaries, with and without overflow
-  (capacity 0.01 of a 5% selection: later selected entries are not marked).
+  (capacity 0.01 or 0.3 of a 5% or 50% selection: the selected entries
+  outside the window are not marked, whether the window wraps or not). The
+  sent entries are the index wire's, under the same key.
   """
-  for n in (1, 7, 8, 9, 31, 32, 33, 1000, 1003, 4099):
+  wrapped = 0
+  for n in (1, 7, 8, 9, 31, 32, 33, 100, 1000, 1003, 4099):
     x = jax.random.normal(jax.random.PRNGKey(n), (n,))
-    for capacity in (None, 0.01):
-      comp = TopK(fraction=0.05, sample=None, capacity=capacity)
-      p, _, out = _code(comp, x)
-      sent = np.asarray(out) != 0
-      assert p.bitmap.shape == (-(-n // 8),)
-      np.testing.assert_array_equal(np.asarray(p.bitmap), np.packbits(sent, bitorder="little"))
-      assert int(sent.sum()) == min(comp.k(n), comp.slots(n))
+    for fraction, capacity in ((0.05, None), (0.05, 0.01), (0.5, 0.3)):
+      for seed in range(4):
+        key = jax.random.PRNGKey(seed)
+        comp = TopK(fraction=fraction, sample=None, capacity=capacity)
+        p, _, out = _code(comp, x, key)
+        sent = np.asarray(out) != 0
+        assert p.bitmap.shape == (-(-n // 8),)
+        np.testing.assert_array_equal(np.asarray(p.bitmap), np.packbits(sent, bitorder="little"))
+        assert int(sent.sum()) == min(comp.k(n), comp.slots(n))
+        index = TopK(fraction=fraction, wire="index", sample=None, capacity=capacity).encode(x, key, None)
+        used = np.asarray(index.values) != 0
+        np.testing.assert_array_equal(np.sort(np.asarray(index.indices)[used]), np.flatnonzero(sent))
+        # A wrapped window sends the first selected entry and skips one before the last.
+        sel = np.flatnonzero(np.abs(np.asarray(x)) >= np.sort(np.abs(np.asarray(x)))[-comp.k(n)])
+        wrapped += bool(sent[sel[0]] and sent[sel[-1]] and not sent[sel].all())
+  assert wrapped > 3
 
 
 def test_topk_wire_bytes_and_capacity():

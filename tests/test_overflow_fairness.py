@@ -1,4 +1,4 @@
-"""Over capacity, no position has a standing advantage (threshold and adaptive quantization).
+"""Over capacity, no position has a standing advantage (threshold, adaptive, top-k and so DGC).
 
 When more entries are selected than the fixed slots hold, the sent ones are a
 window of consecutive selected entries starting at a rank drawn from the
@@ -25,6 +25,7 @@ from jaxcomp.codecs import sparse
 from jaxcomp.compressors import _select
 from jaxcomp.compressors.adaptive import Adaptive
 from jaxcomp.compressors.threshold import Threshold
+from jaxcomp.compressors.topk import TopK
 
 
 def reference_window(mask, capacity, fill, key):
@@ -168,7 +169,26 @@ def _adaptive_case():
   return comp, g, k, selected
 
 
-@pytest.mark.parametrize("case", [_threshold_case, _adaptive_case], ids=["threshold", "adaptive"])
+def _topk_case(wire):
+  def case():
+    n, k = 96, 4
+    g = jax.random.normal(jax.random.PRNGKey(4), (n,)) * jnp.linspace(0.5, 1.5, n)
+    # 25% from a sample of 16: about 24 selected for 4 slots.
+    comp = TopK(fraction=0.25, wire=wire, sample=16, capacity=k)
+
+    def selected(x, key):
+      return jnp.logical_and(jnp.abs(x) >= comp.threshold(x.reshape(-1), key), x != 0)
+
+    return comp, g, k, selected
+
+  return case
+
+
+CASES = [_threshold_case, _adaptive_case, _topk_case("bitmap"), _topk_case("index")]
+CASE_IDS = ["threshold", "adaptive", "topk_bitmap", "topk_index"]
+
+
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
 def test_sends_follow_selected_steps_under_error_feedback(case):
   """Over 400 steps: each position's sends ≈ Σ_t (selected at t)·min(1, K/S_t), at every position."""
   comp, g, k, selected = case()
@@ -178,7 +198,7 @@ def test_sends_follow_selected_steps_under_error_feedback(case):
   assert np.mean(sel.sum(0) > 0) > 0.95  # (nearly) every position competes
 
 
-@pytest.mark.parametrize("case", [_threshold_case, _adaptive_case], ids=["threshold", "adaptive"])
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
 def test_first_in_index_order_fails_the_check(case, monkeypatch):
   """The check can fail: with the start fixed at rank 0 (the former policy) it does."""
   monkeypatch.setattr(_select, "start_ranks", _first_in_order)

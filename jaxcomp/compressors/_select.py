@@ -198,6 +198,7 @@ class Slots(NamedTuple):
   used: jax.Array  # bool (capacity, cols): the slot holds a row
   count: jax.Array  # int32 (cols,): slots used
   overflow: jax.Array  # int32 (): selected entries that did not fit
+  wrap: jax.Array  # int32 (cols,): slots before a wrapped window's start (ranks 0 … wrap − 1); 0 if unwrapped
 
   def values(self, x2: jax.Array) -> jax.Array:
     """``x2`` at the slots, ``(capacity, cols)``; 0 in empty slots."""
@@ -333,7 +334,8 @@ def compact_words(words: jax.Array, capacity: int, fill: int = 0, key: Optional[
   * without: the first ``capacity`` in row order (``r = 0``).
 
   The slots hold their rows in increasing row order either way (a wrapped
-  window is ranks ``0 … a − 1`` then ``r … total − 1``).
+  window is ranks ``0 … a − 1`` then ``r … total − 1``; ``a`` is
+  :attr:`Slots.wrap`).
 
   The obvious way, a cumulative sum over the rows and a scatter of every
   entry, is what dominates on XLA:CPU for large tensors. Instead, from the
@@ -390,7 +392,8 @@ def compact_words(words: jax.Array, capacity: int, fill: int = 0, key: Optional[
   # and XLA would otherwise redo the bit search inside each reader.
   row = materialize(wc * _WORD + _select_bit(word, q - before))
   overflow = jnp.sum(total) - jnp.sum(count)
-  return Slots(rows=jnp.where(used, row, fill), used=used, count=count, overflow=overflow)
+  return Slots(rows=jnp.where(used, row, fill), used=used, count=count, overflow=overflow,
+               wrap=a if key is not None else jnp.zeros_like(count))
 
 
 def safe_mean(total: jax.Array, count: jax.Array) -> jax.Array:

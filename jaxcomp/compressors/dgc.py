@@ -18,8 +18,9 @@ correction of §3.2, as in the appendix's DGC for momentum SGD):
    perform top-k selection on the samples"), found as top-k does
    (:class:`jaxcomp.TopK`, :func:`jaxcomp.compressors._select.kth_largest`);
    entries with ``|v| ≥ thr`` are sent, at most ``ceil(density·n)`` of them
-   (the first in index order beyond that; their number is the metric
-   ``overflow``, and they stay in ``v``);
+   (beyond that, a window of consecutive selected entries from a random
+   start, as in top-k, so no position is favoured; the unsent ones are
+   counted in the metric ``overflow`` and stay in ``v``);
 4. momentum factor masking (§3.2): where an entry was sent, both ``v`` (the
    error feedback does it: ``r ← x − sent``) and ``u`` are zeroed;
 5. the exchange: the sent entries as ``uint32`` indices and ``float32``

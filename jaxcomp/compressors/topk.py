@@ -35,9 +35,14 @@ Decisions (tested in ``tests/test_column_compressors.py``):
   nothing and decodes to zeros.
 * Capacity ``K``: ``capacity`` (a fraction of ``n`` or a count), default
   ``k``, so the wire is exactly the promised fraction. A sampled threshold
-  lets through ``k`` entries only on average; entries beyond ``K`` are chosen
-  **first in index order** (one cumulative sum, no sort), the rest stay in
-  the residual, and their number is the metric ``overflow``.
+  lets through ``k`` entries only on average. When more are selected than
+  ``K``, the sent ones are ``K`` consecutive selected entries (in index
+  order, wrapping around) from a start rank drawn uniformly from the encode
+  key (:func:`jaxcomp.compressors._select.compact_words`), so every selected
+  entry is sent with the same probability ``K / selected`` and no position
+  has a standing advantage (taking the first ``K`` in index order would
+  always favour the low indices). The rest stay in the residual; their
+  number is the metric ``overflow``.
 * Empty slots hold index 0 and value 0.0 (they add nothing when decoded), so
   no count travels; in the bitmap wire the bitmap marks exactly the sent
   entries.
@@ -84,6 +89,23 @@ def _keep_rows_below(words: jax.Array, end: jax.Array) -> jax.Array:
   # (1 << keep) - 1 for keep < 32; a shift by 32 is undefined, so the full word separately.
   low = jnp.where(keep >= 32, jnp.uint32(0xFFFFFFFF), (jnp.uint32(1) << jnp.minimum(keep, 31)) - 1)
   return words & low
+
+
+def _sent_words(words: jax.Array, s: _select.Slots) -> jax.Array:
+  """The packed mask of one column (``words``) reduced to the entries ``s`` sends.
+
+  The sent entries are a cyclic window of the selected ones in row order, so
+  the unsent ones lie in one row range: below the first and above the last
+  filled slot's row (an unwrapped window), or strictly between the rows of
+  slots ``wrap − 1`` and ``wrap`` (a wrapped one). Two masks over the
+  ``n / 32`` words, no pass over the ``n`` entries.
+  """
+  rows, a, count = s.rows[:, 0], s.wrap[0], s.count[0]
+  first, last = rows[0], rows[jnp.maximum(count - 1, 0)]
+  inside = _keep_rows_below(words, last + 1) & ~_keep_rows_below(words, first)
+  gap_lo, gap_hi = rows[jnp.maximum(a - 1, 0)] + 1, rows[a]  # the unsent rows: [gap_lo, gap_hi)
+  outside = words & ~(_keep_rows_below(words, gap_hi) & ~_keep_rows_below(words, gap_lo))
+  return jnp.where(count == 0, jnp.zeros_like(words), jnp.where(a > 0, outside, inside))
 
 
 def _bitmap_bytes(words: jax.Array, n: int) -> jax.Array:
@@ -160,17 +182,15 @@ class TopK(core.Compressor):
     del agreed
     flat = x.reshape(-1)
     mask = jnp.logical_and(jnp.abs(flat) >= self.threshold(flat, key), flat != 0)
-    # The first `slots` selected entries in index order (compact_words: no
-    # cumulative sum or scatter over all n entries).
+    # Over capacity, a window of `slots` consecutive selected entries from a
+    # random start rank (compact_words folds its own stream into the key, so
+    # the draw is independent of the sample's; no cumulative sum or scatter
+    # over all n entries).
     words = _select.pack_rows(mask[:, None])
-    s = _select.compact_words(words, self.slots(flat.shape[0]))
+    s = _select.compact_words(words, self.slots(flat.shape[0]), key=key)
     values = s.values(flat[:, None])[:, 0].astype(jnp.float32)
     if self.wire == "bitmap":
-      # The sent entries are the selected ones up to the last filled slot's
-      # index: the packed mask with every later bit cleared.
-      last = jnp.max(jnp.where(s.used[:, 0], s.rows[:, 0], -1))
-      payload = BitmapPayload(bitmap=_bitmap_bytes(_keep_rows_below(words[:, 0], last + 1), flat.shape[0]),
-                              values=values)
+      payload = BitmapPayload(bitmap=_bitmap_bytes(_sent_words(words[:, 0], s), flat.shape[0]), values=values)
     else:
       payload = IndexPayload(indices=s.rows[:, 0].astype(jnp.uint32), values=values)
     return payload, {"overflow": s.overflow}
