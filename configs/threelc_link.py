@@ -23,8 +23,8 @@ s = 1.75 they are much shorter (0.5: 1.2, 0.6: 0.2).
 Time to accuracy: the training time (``train_time`` in ``metrics.csv``:
 evaluations and the compiling first step excluded) at the first evaluation
 whose test accuracy reaches :data:`TARGET_ACCURACY`. The target was chosen
-before the runs, from the reduced 3LC-T1 runs (10 workers x 32 reached 71-79 %
-after 200 steps; 4 workers see 2.5 times fewer examples).
+before the runs, from 3LC-T1's first reduced runs (10 workers x 32 reached
+71-79 % after 200 steps; 4 workers see 2.5 times fewer examples).
 
 REDUCED, as 3LC-T1's committed runs are (``configs/threelc_resnet110.py``):
 real Fashion-MNIST padded to 32x32x3 instead of CIFAR-10, ResNet-8 (75,290

@@ -17,7 +17,7 @@ Two grids, one per argument:
   a 64-worker TernGrad run of them took two hours on this machine): float,
   all-gather TernGrad and two-phase TernGrad, the same steps and seed.
 * ``resnet``: the reduced 3LC-T1 (``configs/threelc_resnet110.py:runlocal``:
-  ResNet-8 on Fashion-MNIST, 10 workers x 32, 200 steps) with two-phase 3LC
+  ResNet-8 on Fashion-MNIST, 10 workers x 32, 600 steps) with two-phase 3LC
   (s = 1.00: pushes and pulls compressed, as in the paper); its float and
   all-gather 3LC rows are 3LC-T1's committed runs (same steps and seed).
 

@@ -79,8 +79,10 @@ def test_paper_numbers_as_the_tables_state_them():
 
 def test_qsgd_t1_reduced_is_3lc_t1s_scale_with_4bit_read_both_ways():
   q, t = qsgd_resnet110.get_config("runlocal"), threelc_resnet110.get_config("runlocal")
-  for key in ("model", "dataset", "num_train_steps", "seed"):
+  for key in ("model", "dataset", "seed"):
     assert q[key] == t[key], key
+  # QSGD-T1's runs were made at 3LC-T1's first reduced length (one epoch), before 3LC-T1 went to 3.
+  assert (q.num_train_steps, t.num_train_steps) == (200, 600)
   levels = {}
   for name, (label, overrides) in qsgd_resnet110.DESIGNS.items():
     if overrides["compressor"] == "qsgd":
@@ -178,7 +180,7 @@ def test_threelc_renderers_on_fixture_runs(tmp_path):
     assert "3LC-T2" not in section(text, "Not run yet")
   scale = re.search(r"Scale: \W*(\w+)\W*(.*)", t1)
   assert scale[1] == "REDUCED" and re.search(r"ResNet-8 \(paper: ResNet-110\)", scale[2])
-  assert numbers(scale[2].split("steps")[1]) == [200, 25600]
+  assert numbers(scale[2].split("steps")[1]) == [cfg.REDUCED_STEPS, 25600]
   assert numbers_after(t1, "Runs finished:")[:2] == [len(cfg.DESIGNS)] * 2
   # Table 1 row of 3LC s=1.75: paper 93.51 (+0.14) beside ours 80.80 - 80.00 = +0.80 (design i).
   i = list(cfg.DESIGNS).index("3lc_s1.75")
@@ -237,3 +239,22 @@ def test_qsgd_renderers_on_fixture_runs(tmp_path):
   one = row(table(b, "step", "scope", "s"), step="0", scope="model", s="1")
   assert re.search(r"s < 2\W*outside", one["Theorem 3.2 bound"])
   assert (tmp_path / "docs" / "results" / "qsgd_b_mnist5k_lenet_bits_vs_s.png").exists()
+
+
+def test_two_phase_resnet_rows_give_no_delta_across_different_steps(tmp_path):
+  """The two-phase ResNet row is compared with 3LC-T1's float only at the same number of steps."""
+  from experiments.reports import two_phase  # pylint: disable=g-import-not-at-top
+
+  (tmp_path / "metrics.csv").write_text("step,split,loss\n")  # no train rows: bytes from the summary
+
+  def run(acc, steps):
+    return {"workdir": str(tmp_path), "summary": {"test_accuracy": acc, "steps": steps, "workers": 10,
+                                                          "mean_bytes_on_wire": 100.0}}
+
+  t1 = {"float32": run(0.86, 600), "3lc_s1.00": run(0.85, 600)}
+  same = two_phase.resnet_lines({"3lc_s1.00_two_phase": run(0.84, 600)}, t1)
+  other = two_phase.resnet_lines({"3lc_s1.00_two_phase": run(0.75, 200)}, t1)
+  delta = lambda lines: [l.split("|")[3].strip() for l in lines if "two-phase" in l][0]
+  assert delta(same) == "-2.00" and delta(other) == "—"
+  assert not any("different numbers of steps" in l for l in same)
+  assert any("different numbers of steps" in l for l in other)

@@ -64,14 +64,20 @@ def resnet_lines(runs: dict[str, dict], t1: dict[str, dict]) -> list[str]:
   base = t1.get("float32")
   lines.append(f"| 32-bit float (3LC-T1) | {_acc(base)} | — | — | "
                f"{base['summary']['steps'] if base and base['summary'] else '—'} |")
+  mismatched = False
   for label, run in rows:
     if not run or not run["summary"]:
       lines.append(f"| {label} | — | — | — | — |")
       continue
     s = run["summary"]
-    delta = (f"{100 * (s['test_accuracy'] - base['summary']['test_accuracy']):+.2f}"
-             if base and base["summary"] else "—")
+    comparable = base and base["summary"] and base["summary"]["steps"] == s["steps"]
+    mismatched |= bool(base and base["summary"] and not comparable)
+    delta = f"{100 * (s['test_accuracy'] - base['summary']['test_accuracy']):+.2f}" if comparable else "—"
     lines.append(f"| {label} | {_acc(run)} | {delta} | {received(run, s['workers'])} | {s['steps']:,} |")
+  if mismatched:
+    lines += ["", "The rows have different numbers of steps, so no Δ is given across them: rerun "
+              "`python -m experiments.sweep --config configs/two_phase_training.py:resnet --root runs` "
+              "(after removing the old run) to match 3LC-T1's current length."]
   return lines + [""]
 
 
@@ -106,8 +112,8 @@ def render_training(root: str, runs: dict, out_path: str, img_dir: str) -> list[
     if resnet:
       t1 = runs.get("3LC-T1", {}).get(dataset, {})
       lines += [f"### ResNet-8, reduced 3LC-T1 settings, {dataset}", "",
-                "REDUCED as 3LC-T1's committed runs (ResNet-8, 10 workers x 32, 200 steps); the "
-                "float and all-gather rows are those runs.", ""]
+                "REDUCED as 3LC-T1's committed runs (ResNet-8, 10 workers x 32); the float and "
+                "all-gather rows are those runs.", ""]
       lines += resnet_lines(resnet, t1)
   return lines
 
