@@ -79,10 +79,8 @@ def test_paper_numbers_as_the_tables_state_them():
 
 def test_qsgd_t1_reduced_is_3lc_t1s_scale_with_4bit_read_both_ways():
   q, t = qsgd_resnet110.get_config("runlocal"), threelc_resnet110.get_config("runlocal")
-  for key in ("model", "dataset", "seed"):
+  for key in ("model", "dataset", "num_train_steps", "seed"):
     assert q[key] == t[key], key
-  # QSGD-T1's runs were made at 3LC-T1's first reduced length (one epoch), before 3LC-T1 went to 3.
-  assert (q.num_train_steps, t.num_train_steps) == (200, 600)
   levels = {}
   for name, (label, overrides) in qsgd_resnet110.DESIGNS.items():
     if overrides["compressor"] == "qsgd":
