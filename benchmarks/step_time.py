@@ -2,7 +2,7 @@ r"""Training-step time with simulated workers: float against each compressor, si
 
 Each group is one experiment's config; each method in it is that config with
 another compressor (its sweep's overrides). Every run is built exactly as
-``experiments.train`` builds it (``train.build``: model, optimizer chain with
+``experiments.train`` builds it (``experiments.build.build``: model, optimizer chain with
 the compressor, the jitted step vmapping the workers inside ``shard_map``),
 fed real batches of the config's dataset (three in turn), and compiled and
 warmed up before any timing. Then, ``--repeats`` times, every method of the
@@ -182,14 +182,14 @@ def _minor_faults() -> int:
 def bench_group(group: Group, repeats: int, warmup: int = 2, log=print) -> list[dict]:
   """Builds every method of ``group``, then times them interleaved; one result row per method."""
   from absl import logging  # pylint: disable=g-import-not-at-top
-  from experiments import train  # pylint: disable=g-import-not-at-top
+  from experiments import build  # pylint: disable=g-import-not-at-top
   logging.set_verbosity(logging.WARNING)
   steppers: dict[str, _Stepper] = {}
   compile_s: dict[str, float] = {}
   with tempfile.TemporaryDirectory() as workdir:
     for method in group.methods:
       t0 = time.perf_counter()
-      run = train.build(_config(group, method), workdir)
+      run = build.build(_config(group, method), workdir)
       first = next(iter(steppers.values()), None)
       steppers[method] = _Stepper(run, batches_from=first)
       steppers[method].steps(warmup)  # the first step compiles

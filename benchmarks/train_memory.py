@@ -1,13 +1,13 @@
 """What donating the state to the training step does to its memory (XLA's own figures).
 
-``experiments/train.py``'s ``make_train_step`` jits the step with
+``experiments/step.py``'s ``make_train_step`` jits the step with
 ``donate_argnums=(0,)``: the parameters, optimizer state, batch-norm
 statistics and EMA it replaces are written into the buffers of the state
 passed in, instead of beside them. This script builds a config's run with
-``train.build`` (the model, optimizer chain, mesh and abstract state exactly as
-training makes them), then lowers and compiles two steps on the abstract state
-and batch: the one ``build`` made (donated) and ``make_train_step(...,
-donate=False)``. Nothing is trained and no array is allocated beyond the
+``experiments.build.build`` (the model, optimizer chain, mesh and abstract
+state exactly as training makes them), then lowers and compiles two steps on
+the abstract state and batch: the one ``build`` made (donated) and
+``make_train_step(..., donate=False)``. Nothing is trained and no array is allocated beyond the
 model's initial variables.
 
 For each it reports ``compiled.memory_analysis()``, per device (the step is one
@@ -44,7 +44,10 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 import ml_collections  # noqa: E402
 
 from configs import terngrad_cifarnet  # noqa: E402
-from experiments import train  # noqa: E402
+from experiments import build  # noqa: E402
+from experiments import optimizers  # noqa: E402
+from experiments import step as step_lib  # noqa: E402
+from experiments import validation  # noqa: E402
 
 
 def _cifarnet_terngrad_n2() -> ml_collections.ConfigDict:
@@ -78,8 +81,8 @@ def per_device_bytes(tree) -> int:
   return total
 
 
-def abstract_batch(run: train.Run) -> tuple[Any, Any, Any]:
-  """Shapes of one step's ``images, labels, key`` as ``train.loop`` passes them."""
+def abstract_batch(run: build.Run) -> tuple[Any, Any, Any]:
+  """Shapes of one step's ``images, labels, key`` as ``experiments.loop.loop`` passes them."""
   c = run.config
   sharding = NamedSharding(run.mesh, P("devices"))
   b = c.batch_size // c.workers
@@ -103,20 +106,20 @@ def memory_figures(compiled) -> dict[str, int]:
   return out
 
 
-def undonated_step(run: train.Run):
-  """``run.train_step`` as ``train.build`` makes it, but without donation."""
+def undonated_step(run: build.Run):
+  """``run.train_step`` as ``build.build`` makes it, but without donation."""
   c = run.config
-  return train.make_train_step(c, run.model, train.make_tx(c, train.AXES), run.mesh,
-                               run.state.opt_state, run.spec.num_classes, run.state.batch_stats,
-                               donate=False)
+  return step_lib.make_train_step(c, run.model, optimizers.make_tx(c, step_lib.AXES), run.mesh,
+                                  run.state.opt_state, run.spec.num_classes, run.state.batch_stats,
+                                  donate=False)
 
 
 def measure(name: str, config: ml_collections.ConfigDict) -> dict[str, Any]:
   """Compiles the donated and the undonated step of ``config``; returns both memory analyses."""
   config = ml_collections.ConfigDict(config)
-  train.validate_config(config)
+  validation.validate_config(config)
   with tempfile.TemporaryDirectory() as workdir:
-    run = train.build(config, workdir)
+    run = build.build(config, workdir)
   args = (run.state,) + abstract_batch(run)
   steps = {"donated": run.train_step, "undonated": undonated_step(run)}
   result: dict[str, Any] = {

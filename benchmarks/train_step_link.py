@@ -1,7 +1,7 @@
 r"""Training-step time over emulated links: LeNet and ResNet at P processes, one worker each.
 
 For each config and method, every process builds the run exactly as
-``experiments.train`` does (``train.build``: model, optimizer chain with the
+``experiments.train`` does (``experiments.build.build``: model, optimizer chain with the
 compressor, mesh over all processes' devices, one worker per process) and
 the median of ``--steps`` whole training steps is taken (gradient,
 compressed exchange over the link, update), after 2 warm-up steps (the first
@@ -137,13 +137,13 @@ def worker(args) -> int:
     raise SystemExit("benchmarks.train_step_link --worker runs under experiments.launch")
   import jax  # pylint: disable=g-import-not-at-top
   from absl import logging  # pylint: disable=g-import-not-at-top
-  from experiments import train  # pylint: disable=g-import-not-at-top
+  from experiments import build  # pylint: disable=g-import-not-at-top
   logging.set_verbosity(logging.WARNING)
   rank, results = jax.process_index(), []
   for name in args.configs.split(","):
     for method in args.methods.split(","):
       with tempfile.TemporaryDirectory() as workdir:
-        run = train.build(_config(name, method, jax.process_count(), args.set), workdir)
+        run = build.build(_config(name, method, jax.process_count(), args.set), workdir)
         times = time_steps(run, args.steps)
       results.append({"config": name, "method": method, "step_time_sec": statistics.median(times),
                       "times_s": times})
@@ -164,7 +164,7 @@ def wire_bytes(name: str, method: str, processes: int, overrides: tuple = ()) ->
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import jaxcomp  # pylint: disable=g-import-not-at-top
-  from experiments import train  # pylint: disable=g-import-not-at-top
+  from experiments import optimizers  # pylint: disable=g-import-not-at-top
   from jaxcomp import data as data_lib  # pylint: disable=g-import-not-at-top
   from jaxcomp import models  # pylint: disable=g-import-not-at-top
   from jaxcomp import parallel  # pylint: disable=g-import-not-at-top
@@ -175,7 +175,7 @@ def wire_bytes(name: str, method: str, processes: int, overrides: tuple = ()) ->
   params = jax.eval_shape(lambda: model.init({"params": key, "dropout": key}, jnp.zeros((1,) + shape),
                                              train=False))["params"]
   grads = jax.tree.map(lambda p: jax.ShapeDtypeStruct((processes,) + p.shape, p.dtype), params)
-  tx = train.make_tx(c, "w")
+  tx = optimizers.make_tx(c, "w")
 
   def step(params, grads):
     state = parallel.replicate_workers(tx.init(params), processes)

@@ -1,7 +1,7 @@
 """Defaults shared by every experiment config.
 
 Each experiment config (one per paper experiment, see ``docs/results.md``) starts from :func:`base_config` and sets the paper's
-settings. Every key is documented here; ``experiments/train.py`` validates the
+settings. Every key is documented here; ``experiments/validation.py`` validates the
 whole config before anything is compiled, and ml_collections rejects overrides
 of keys that do not exist (``--config.no_such_key=1`` is an error).
 """
@@ -175,7 +175,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.lr_decay_steps = 0
   # piecewise: lr *= lr_decay_rate at these fractions of the schedule (He et al. 2015 §4.2:
   # ÷10 at 32k and 48k of 64k iterations). Schedules count optimizer updates: num_train_steps,
-  # or num_train_steps / k under local_steps (experiments.train.updates_per_step).
+  # or num_train_steps / k under local_steps (experiments.optimizers.updates_per_step).
   c.lr_boundaries = (0.5, 0.75)
   c.lr_warmup_steps = 0
   c.lr_scale_with_workers = False  # linear scaling: base lr *= workers (Goyal et al.; 3LC §4.3)

@@ -16,6 +16,7 @@ from configs import terngrad_alexnet
 from configs import terngrad_cifarnet
 from configs import terngrad_googlenet
 from experiments import sweep
+from experiments import optimizers
 from experiments import train
 from jaxcomp import data
 from jaxcomp import models
@@ -119,7 +120,7 @@ def test_googlenet_runlocal_stand_in(tmp_path):
   model = models.get_model(c.model, 10, **c.model_kwargs.to_dict())
   v = jax.eval_shape(lambda: model.init({"params": jax.random.PRNGKey(0), "dropout": jax.random.PRNGKey(0)},
                                         jax.numpy.zeros((1, 32, 32, 3)), train=False))
-  tx = train.make_tx(c, "workers")
+  tx = optimizers.make_tx(c, "workers")
   state = jax.eval_shape(lambda p: parallel.replicate_workers(tx.init(p), 2), v["params"])
   assert isinstance(tx, optax.GradientTransformation) and jax.tree.leaves(state)
 

@@ -6,8 +6,8 @@ import json
 import pytest
 
 from benchmarks import link
+from experiments import loop
 from experiments import sweep
-from experiments import train
 from jaxcomp import perfmodel
 
 
@@ -99,7 +99,7 @@ def test_two_phase_training_sweeps():
 
 def test_train_clock_counts_only_training():
   t = [100.0]
-  clock = train.TrainClock(5.0, now=lambda: t[0])
+  clock = loop.TrainClock(5.0, now=lambda: t[0])
   t[0] = 103.0  # the first step compiles
   clock.resume()  # drops the compile
   t[0] = 110.0

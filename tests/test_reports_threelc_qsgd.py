@@ -21,7 +21,10 @@ from configs import qsgd_resnet110
 from configs import threelc_resnet110
 from experiments import report
 from _report_tables import number, numbers, numbers_after, row, section, table
+from experiments import optimizers
 from experiments import train
+from experiments import validation
+from experiments import writers
 from jaxcomp import codecs
 from jaxcomp.compressors.qsgd import levels_for_bits
 
@@ -55,8 +58,8 @@ def test_config_builds_and_sweep_is_unique(module):
     c = module.get_config("runlocal")
     for k, v in overrides.items():
       setattr(c, k, v)
-    train.validate_config(c)
-    train.make_tx(c, axis_name=None)  # every design's compressor accepts its arguments
+    validation.validate_config(c)
+    optimizers.make_tx(c, axis_name=None)  # every design's compressor accepts its arguments
 
 
 def test_paper_numbers_as_the_tables_state_them():
@@ -128,7 +131,7 @@ def test_qsgd_bits_snapshot_matches_the_codec():
 
 # -- report renderers (TEST FIXTURES) -----------------------------------------------------------
 
-COLUMNS = list(train.CSV_DOC) + ["compressed_bytes_on_wire", "compressed_float32_bytes", "float_bytes"]
+COLUMNS = list(writers.CSV_DOC) + ["compressed_bytes_on_wire", "compressed_float32_bytes", "float_bytes"]
 
 
 def _fixture_run(root, experiment, dataset, name, config, acc, rows, extra=None):

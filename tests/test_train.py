@@ -11,7 +11,11 @@ import numpy as np
 import pytest
 
 from configs import terngrad_lenet
+from experiments import distributed
+from experiments import state
 from experiments import train
+from experiments import validation
+from experiments import writers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -37,7 +41,7 @@ def test_train_and_evaluate_terngrad(tmp_path):
   rows = list(csv.DictReader(open(tmp_path / "metrics.csv")))
   assert [r["split"] for r in rows].count("train") == 3
   assert [r["split"] for r in rows].count("test") == 2
-  assert set(train.CSV_DOC) <= set(rows[0])
+  assert set(writers.CSV_DOC) <= set(rows[0])
   assert json.load(open(tmp_path / "summary.json"))["test_accuracy"] == s["test_accuracy"]
 
 
@@ -64,7 +68,7 @@ def test_devices_and_vmap_layouts_give_the_same_run(tmp_path):
 )
 def test_bad_configs_fail_before_compiling(tmp_path, overrides, message):
   with pytest.raises(ValueError, match=message):
-    train.validate_config(_config(**overrides))
+    validation.validate_config(_config(**overrides))
 
 
 def test_cli_rejects_unknown_override(tmp_path):
@@ -96,12 +100,12 @@ def clean_env(monkeypatch):
 
 def test_single_process_unless_told(clean_env):
   c = _config()
-  assert train.distributed_settings(c) is None
+  assert distributed.distributed_settings(c) is None
   clean_env.setenv("SLURM_JOB_ID", "7")
   clean_env.setenv("SLURM_STEP_NODELIST", "node1")
   clean_env.setenv("SLURM_NTASKS", "1")
-  assert train.distributed_settings(c) is None  # a one-task job stays single-process
-  assert not train.initialize_distributed(c)
+  assert distributed.distributed_settings(c) is None  # a one-task job stays single-process
+  assert not distributed.initialize_distributed(c)
 
 
 def test_distributed_settings_from_env_and_config(clean_env):
@@ -109,23 +113,23 @@ def test_distributed_settings_from_env_and_config(clean_env):
   clean_env.setenv("JAX_COORDINATOR_ADDRESS", "10.0.0.1:1234")
   clean_env.setenv("JAXCOMP_NUM_PROCESSES", "4")
   clean_env.setenv("JAXCOMP_PROCESS_ID", "3")
-  s = train.distributed_settings(c)
+  s = distributed.distributed_settings(c)
   assert (s["coordinator_address"], s["num_processes"], s["process_id"]) == ("10.0.0.1:1234", 4, 3)
   assert s["heartbeat_timeout_seconds"] == 100  # JAX's default
   clean_env.setenv("JAXCOMP_HEARTBEAT_TIMEOUT", "7")  # the launcher's --heartbeat-timeout
-  assert train.distributed_settings(c)["heartbeat_timeout_seconds"] == 7
+  assert distributed.distributed_settings(c)["heartbeat_timeout_seconds"] == 7
   c.distributed.process_id = 1  # the config overrides the environment
   c.distributed.heartbeat_timeout_seconds = 10
-  s = train.distributed_settings(c)
+  s = distributed.distributed_settings(c)
   assert (s["process_id"], s["heartbeat_timeout_seconds"]) == (1, 10)
   c.distributed.num_processes = 1
-  assert train.distributed_settings(c) is None
+  assert distributed.distributed_settings(c) is None
 
 
 def test_distributed_settings_leave_clusters_to_jax(clean_env):
   clean_env.setenv("OMPI_MCA_orte_hnp_uri", "123.0;tcp://10.0.0.1:5000")
   clean_env.setenv("OMPI_COMM_WORLD_SIZE", "2")
-  s = train.distributed_settings(_config())
+  s = distributed.distributed_settings(_config())
   assert s["num_processes"] is None and s["coordinator_address"] is None  # JAX detects them
 
 
@@ -138,11 +142,11 @@ def test_bad_distributed_settings_fail_clearly(clean_env, env, message):
   for k, v in env.items():
     clean_env.setenv(k, v)
   with pytest.raises(ValueError, match=message):
-    train.distributed_settings(_config())
+    distributed.distributed_settings(_config())
 
 
 def test_mesh_lays_workers_over_devices():
   """The largest divisor of the workers the (8) devices allow, at most max_devices."""
-  assert [train.make_mesh(n).size for n in (8, 10, 7, 16, 1)] == [8, 5, 7, 8, 1]
-  assert train.make_mesh(8, max_devices=3).size == 2
-  assert list(train.make_mesh(4).devices) == jax.devices()[:4]
+  assert [state.make_mesh(n).size for n in (8, 10, 7, 16, 1)] == [8, 5, 7, 8, 1]
+  assert state.make_mesh(8, max_devices=3).size == 2
+  assert list(state.make_mesh(4).devices) == jax.devices()[:4]

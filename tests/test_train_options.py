@@ -5,7 +5,9 @@ import numpy as np
 import pytest
 
 from configs import common
-from experiments import train
+from experiments import optimizers
+from experiments import step as step_lib
+from experiments import validation
 
 
 def _config(**kw):
@@ -19,10 +21,10 @@ def test_weight_decay_pattern_selects_tensors():
   params = {"conv1": {"kernel": jnp.ones((2, 2)), "bias": jnp.ones(2)},
             "fc3": {"kernel": jnp.ones((2, 2)), "bias": jnp.ones(2)},
             "fc4": {"kernel": jnp.ones((2, 2))}}
-  mask = train.decay_mask(_config(weight_decay_pattern=r"fc[34]/kernel"), params)
+  mask = optimizers.decay_mask(_config(weight_decay_pattern=r"fc[34]/kernel"), params)
   assert mask == {"conv1": {"kernel": False, "bias": False},
                   "fc3": {"kernel": True, "bias": False}, "fc4": {"kernel": True}}
-  assert all(np.ravel(list(train.decay_mask(_config(), params)["conv1"].values())))
+  assert all(np.ravel(list(optimizers.decay_mask(_config(), params)["conv1"].values())))
 
 
 @pytest.mark.parametrize("pattern, decayed", [(None, {"a", "b"}), ("^a", {"a"})])
@@ -34,7 +36,7 @@ def test_loss_mode_weight_decay_only_on_matched(pattern, decayed):
     del bs, x, y, key
     return jnp.float32(0.0) * (p["a"].sum() + p["b"].sum()), (jnp.zeros((1, 2)), {})
 
-  grads = train.loss_and_grad(c, loss_fn, params, {}, None, jnp.zeros(1, jnp.int32), None)[0]
+  grads = step_lib.loss_and_grad(c, loss_fn, params, {}, None, jnp.zeros(1, jnp.int32), None)[0]
   for k in params:
     np.testing.assert_allclose(grads[k], 0.5 * params[k] if k in decayed else 0.0)
 
@@ -42,7 +44,7 @@ def test_loss_mode_weight_decay_only_on_matched(pattern, decayed):
 def test_bad_weight_decay_pattern_fails_before_compiling():
   c = _config(weight_decay_pattern="fc[")
   with pytest.raises(ValueError, match="weight_decay_pattern"):
-    train.validate_config(c)
+    validation.validate_config(c)
 
 
 class _FixedLogits:
@@ -60,7 +62,7 @@ def test_eval_reports_top5():
   # Label 0 is the top-1 of row 0, 5th of row 1, 6th of row 2; row 3 is padding.
   logits = jnp.array([[9, 1, 2, 3, 4, 5, 0], [4, 9, 8, 7, 6, 0, 1],
                       [3, 9, 8, 7, 6, 5, 0], [0, 9, 8, 7, 6, 5, 1]], jnp.float32)
-  step = train.make_eval_step(_FixedLogits(logits), 7, has_bn=False)
+  step = step_lib.make_eval_step(_FixedLogits(logits), 7, has_bn=False)
   batch = {"image": np.zeros((4, 1)), "label": np.zeros(4, np.int32),
            "mask": np.array([True, True, True, False])}
 
@@ -68,7 +70,7 @@ def test_eval_reports_top5():
     def reset(self):
       return [batch]
 
-  res = train.evaluate(step, {}, {}, _Pipe())
+  res = step_lib.evaluate(step, {}, {}, _Pipe())
   assert res["count"] == 3
   np.testing.assert_allclose(res["accuracy"], 1 / 3)
   np.testing.assert_allclose(res["top5_accuracy"], 2 / 3)

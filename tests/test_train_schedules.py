@@ -8,7 +8,8 @@ import pytest
 
 import jaxcomp
 from configs import common
-from experiments import train
+from experiments import optimizers
+from experiments import validation
 
 
 def _config(**overrides):
@@ -22,7 +23,7 @@ def _config(**overrides):
 
 def test_piecewise_divides_at_fractions_of_the_run():
   """He et al. 2015 §4.2's schedule: ÷10 at 50% and 75% of the steps."""
-  sched = train.make_schedule(_config(lr_schedule="piecewise", lr_boundaries=(0.5, 0.75), lr_decay_rate=0.1))
+  sched = optimizers.make_schedule(_config(lr_schedule="piecewise", lr_boundaries=(0.5, 0.75), lr_decay_rate=0.1))
   np.testing.assert_allclose([float(sched(t)) for t in (0, 49, 50, 74, 75, 99)],
                              [0.1, 0.1, 0.01, 0.01, 0.001, 0.001], rtol=1e-6)
 
@@ -30,27 +31,27 @@ def test_piecewise_divides_at_fractions_of_the_run():
 @pytest.mark.parametrize("bounds", [(0.75, 0.5), (0.0, 0.5), (0.5, 1.0)])
 def test_piecewise_rejects_bad_boundaries(bounds):
   with pytest.raises(ValueError, match="lr_boundaries"):
-    train.validate_config(_config(lr_schedule="piecewise", lr_boundaries=bounds))
+    validation.validate_config(_config(lr_schedule="piecewise", lr_boundaries=bounds))
 
 
 def test_local_steps_schedule_spans_the_optimizer_updates():
   """With k local steps the optimizer steps T/k times; its cosine must reach lr_end (3LC §4.3)."""
   c = _config(lr_schedule="cosine", lr_end=0.001, compressor="local_steps",
               compressor_kwargs=ml_collections.ConfigDict({"k": 2}))
-  assert train.updates_per_step(c) == 0.5
-  sched = train.make_schedule(c)
+  assert optimizers.updates_per_step(c) == 0.5
+  sched = optimizers.make_schedule(c)
   np.testing.assert_allclose(float(sched(50)), 0.001, rtol=1e-5)  # the last of 50 updates
   np.testing.assert_allclose(float(sched(25)), (0.1 + 0.001) / 2, rtol=1e-5)
   c.compressor_kwargs = ml_collections.ConfigDict()  # local_steps' own default k
-  assert train.updates_per_step(c) == 1 / 2
-  assert train.updates_per_step(_config(compressor="threelc")) == 1.0
+  assert optimizers.updates_per_step(c) == 1 / 2
+  assert optimizers.updates_per_step(_config(compressor="threelc")) == 1.0
 
 
 def test_make_tx_builds_local_steps_with_the_trainers_arguments():
   """make_tx passes seed/skip/min_size to every compressor; local steps' float exchange takes them."""
   c = _config(compressor="local_steps", compressor_kwargs=ml_collections.ConfigDict({"k": 2}),
               min_size=10)
-  tx = train.make_tx(c, axis_name=None)
+  tx = optimizers.make_tx(c, axis_name=None)
   params = {"w": jnp.ones(3)}
   state = tx.init(params)
   upd, state = tx.update({"w": jnp.ones(3)}, state, params)

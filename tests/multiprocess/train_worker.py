@@ -22,13 +22,14 @@ import sys
 # This directory (train_config) is on sys.path already; add the repository root.
 sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
+from experiments import state as state_lib  # noqa: E402
 from experiments import train  # noqa: E402
 import train_config  # noqa: E402
 
 
 def die_after_checkpoint(step_to_die: int) -> None:
   """Makes this process SIGKILL itself right after the checkpoint of ``step_to_die`` is complete."""
-  save = train._Checkpointer.save  # pylint: disable=protected-access
+  save = state_lib.Checkpointer.save
 
   def save_then_die(self, step, state):
     save(self, step, state)
@@ -37,7 +38,7 @@ def die_after_checkpoint(step_to_die: int) -> None:
       print(f"worker: SIGKILL after the checkpoint of step {step}", flush=True)
       os.kill(os.getpid(), signal.SIGKILL)
 
-  train._Checkpointer.save = save_then_die  # pylint: disable=protected-access
+  state_lib.Checkpointer.save = save_then_die
 
 
 def main(argv):

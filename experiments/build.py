@@ -1,0 +1,126 @@
+"""Setting a run up: :func:`build` makes what it needs, :func:`restore` where it starts from."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+from typing import Any, Callable, NamedTuple, Optional
+
+from absl import logging
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+import ml_collections
+import optax
+
+from experiments import optimizers
+from experiments import state as state_lib
+from experiments import step as step_lib
+from experiments import validation
+from experiments import writers
+from experiments.state import TrainState
+from jaxcomp import data as data_lib
+from jaxcomp import models as models_lib
+
+
+@dataclasses.dataclass
+class Run:
+  """What :func:`build` makes: everything a run needs besides its state."""
+
+  config: ml_collections.ConfigDict
+  workdir: str
+  mesh: jax.sharding.Mesh
+  spec: Any  # the dataset's DatasetSpec
+  image_shape: tuple[int, ...]
+  pipeline_kwargs: dict[str, Any]
+  eval_pipeline: data_lib.Pipeline
+  model: Any
+  state: TrainState  # abstract: shapes, dtypes, shardings (jax.ShapeDtypeStruct)
+  init_state: Callable[[], TrainState]  # the state at step 0
+  train_step: Any
+  eval_step: Any
+  schedule: optax.Schedule
+  step_root: jax.Array  # the per-step keys are fold_in(step_root, step)
+  checkpointer: Optional[state_lib.Checkpointer]
+
+  @property
+  def has_bn(self) -> bool:
+    """Whether the model has batch-norm statistics."""
+    return bool(jax.tree.leaves(self.state.batch_stats))
+
+  def shard_batch(self, batch):
+    """This process's slice of a global batch -> global ``[workers, b, ...]`` arrays."""
+    c, local_workers = self.config, self.config.workers // jax.process_count()
+    b = c.batch_size // c.workers
+    sharding = NamedSharding(self.mesh, P("devices"))
+    img = batch["image"].reshape((local_workers, b) + self.image_shape)
+    lab = batch["label"].reshape((local_workers, b))
+    return (jax.make_array_from_process_local_data(sharding, img),
+            jax.make_array_from_process_local_data(sharding, lab))
+
+  def eval_params(self, state: TrainState):
+    """The parameters evaluated: the EMA with ``config.eval_with_ema``, else the parameters."""
+    return state.ema_params if self.config.eval_with_ema else state.params
+
+
+def build(config: ml_collections.ConfigDict, workdir: str) -> Run:
+  """Sets the run up in named steps; nothing is trained yet."""
+  writers.write_config(config, workdir)
+  mesh = state_lib.make_mesh(config.workers, config.max_devices)
+  spec = data_lib.get_spec(config.dataset)
+  pipeline_kwargs = dict(seed=config.seed, augment=config.augment, data_dir=config.data_dir,
+                         image_size=config.image_size, channels=config.channels,
+                         process_index=jax.process_index(), process_count=jax.process_count())
+  image_shape = tuple(data_lib.output_image_shape(config.dataset, config.augment,
+                                                  config.image_size, config.channels))
+  # The eval pipeline first: absent data (ImageNet here) fails at once, before the model is built.
+  eval_pipeline = data_lib.make_pipeline(config.dataset, "test", train=False,
+                                         global_batch_size=validation.eval_batch_size(config), **pipeline_kwargs)
+  model = models_lib.get_model(config.model, spec.num_classes, **config.model_kwargs.to_dict())
+  init_key, step_root = jax.random.split(jax.random.PRNGKey(config.seed))
+  variables = model.init({"params": init_key, "dropout": init_key},
+                         jnp.zeros((1,) + image_shape, jnp.float32), train=False)
+  tx = optimizers.make_tx(config, step_lib.AXES)
+  state = state_lib.abstract_state(config, mesh, tx, variables)
+  init_state = functools.partial(state_lib.initial_state, config, tx, variables, state)
+  train_step = step_lib.make_train_step(config, model, tx, mesh, state.opt_state, spec.num_classes,
+                               state.batch_stats)
+  eval_step = step_lib.make_eval_step(model, spec.num_classes, bool(jax.tree.leaves(state.batch_stats)))
+  checkpointer = (state_lib.Checkpointer(os.path.join(workdir, "checkpoints"), config)
+                  if config.checkpoint_every else None)
+  run = Run(config, workdir, mesh, spec, image_shape, pipeline_kwargs, eval_pipeline, model, state,
+            init_state, train_step, eval_step, optimizers.make_schedule(config), step_root, checkpointer)
+  _log_setup(run, variables["params"])
+  return run
+
+
+def _log_setup(run: Run, params) -> None:
+  c = run.config
+  logging.info("model %s: %s parameters; dataset %s (%s train / %s test examples); "
+               "%d workers on %d device(s) in %d process(es), %d examples per worker per step; "
+               "compressor %s %s", c.model, f"{models_lib.param_count(params):,}", c.dataset,
+               run.spec.num_examples("train"), run.spec.num_examples("test"), c.workers,
+               run.mesh.size, jax.process_count(), c.batch_size // c.workers, c.compressor,
+               c.compressor_kwargs.to_dict())
+
+
+class Start(NamedTuple):
+  """Where a run starts: a checkpoint's state and metrics, or step 0."""
+
+  state: TrainState
+  step: int  # the last step done (0: a fresh run)
+  history: list[dict[str, float]]  # the train rows of metrics.csv up to ``step``
+
+
+def restore(run: Run) -> Start:
+  """The latest checkpoint's state and the metrics up to it, else the initial state."""
+  if run.checkpointer is not None and run.checkpointer.latest_step() is not None:
+    state = run.checkpointer.restore(run.state)
+    step = int(state.step)
+    logging.info("resumed from the checkpoint of step %d", step)
+  else:
+    state, step = run.init_state(), 0
+  history = writers.resume_metrics(os.path.join(run.workdir, "metrics.csv"), step)
+  return Start(state, step, history)

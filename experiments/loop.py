@@ -1,0 +1,211 @@
+"""The training loop, with its logging and checkpoints, and the timing of extra steps after it."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import Any, Callable, NamedTuple, Optional
+
+from absl import logging
+import jax
+import numpy as np
+
+from experiments import optimizers
+from experiments import step as step_lib
+from experiments import writers
+from experiments.build import Run, Start
+from experiments.distributed import is_writer
+from experiments.state import TrainState
+import jaxcomp
+from jaxcomp import data as data_lib
+
+
+class End(NamedTuple):
+  """Where a run's loop ended."""
+
+  state: TrainState
+  step: int  # the last step done
+  history: list[dict[str, float]]  # every train row
+  last_eval: dict[str, float]  # the last evaluation ({} if none)
+  wall_time: float  # seconds since the run (not this invocation) started
+  train_time: float  # seconds of it spent in training steps (CSV_DOC["train_time"])
+
+
+def loop(run: Run, start: Start, stop_after_steps: Optional[int] = None) -> End:
+  """Trains from ``start.step`` to the end, or for ``stop_after_steps`` steps.
+
+  Logs train rows, evaluates every ``eval_every`` steps and at the end, and
+  saves checkpoints every ``checkpoint_every`` steps and at the end.
+  """
+  c = run.config
+  train_iter = data_lib.make_pipeline(c.dataset, "train", global_batch_size=c.batch_size,
+                                      train=True, start_step=start.step, **run.pipeline_kwargs)
+  log = _Log(run, start)
+  state, step, last_eval = start.state, start.step, {}
+  last_step = c.num_train_steps
+  if stop_after_steps is not None:
+    last_step = min(last_step, start.step + stop_after_steps)
+  for step in range(start.step + 1, last_step + 1):
+    images, labels = run.shard_batch(next(train_iter))
+    key = np.asarray(jax.random.fold_in(run.step_root, step))  # host value: the same in every process
+    state, metrics = run.train_step(state, images, labels, key)
+    if step == start.step + 1:
+      log.exclude(state)  # the first step compiles: not training time
+    final = step == c.num_train_steps
+    checkpoint_now = run.checkpointer is not None and (step % c.checkpoint_every == 0 or final)
+    # A train row closes at every checkpoint too, so a resumed run writes the same rows.
+    log.train(step, metrics, close=step % c.log_every == 0 or final or checkpoint_now)
+    evaluate_now = (c.eval_every and step % c.eval_every == 0) or final
+    if evaluate_now or checkpoint_now:
+      log.pause(state)
+    if evaluate_now:
+      last_eval = log.test(step, step_lib.evaluate(run.eval_step, run.eval_params(state), state.batch_stats,
+                                          run.eval_pipeline))
+    if checkpoint_now:
+      run.checkpointer.save(step, state)
+    if evaluate_now or checkpoint_now:
+      log.resume()
+  log.pause(state)
+  log.close()
+  if run.checkpointer is not None:
+    run.checkpointer.close()
+  return End(state, step, log.history, last_eval, log.elapsed(), log.train_time())
+
+
+class TrainClock:
+  """Seconds spent training: a stopwatch that evaluations and checkpoints pause.
+
+  Args:
+    total: seconds already counted (a resumed run's).
+    now: the time source.
+  """
+
+  def __init__(self, total: float = 0.0, now: Callable[[], float] = time.time):
+    self.now, self.counted, self.mark = now, float(total), now()
+
+  def total(self) -> float:
+    return self.counted + (self.now() - self.mark if self.mark is not None else 0.0)
+
+  def pause(self) -> None:
+    self.counted, self.mark = self.total(), None
+
+  def resume(self) -> None:
+    """Counts from now on; time since the last pause or resume is dropped (it was not training)."""
+    self.mark = self.now()
+
+
+class _Log:
+  """The rows of ``metrics.csv`` (written by process 0), the progress bar and the history."""
+
+  def __init__(self, run: Run, start: Start):
+    self.run = run
+    self.history = list(start.history)
+    columns = list(writers.CSV_DOC)
+    extra = [k for k in jax.eval_shape(jaxcomp.metrics, run.state.opt_state) if k not in columns]
+    self.writer = (writers.CsvWriter(os.path.join(run.workdir, "metrics.csv"), columns + extra)
+                   if is_writer() else None)
+    c = run.config
+    self.bar = writers.progress_bar(c.num_train_steps, c.progress and is_writer(),
+                         f"{c.model}/{c.compressor}/N={c.workers}")
+    if self.bar is not None and start.step:
+      self.bar.update(start.step)
+    self.t_start = time.time() - (self.history[-1]["wall_time"] if self.history else 0.0)
+    self.t_interval = time.time()
+    # A resumed run continues the count of its last train row.
+    self.clock = TrainClock(self.history[-1].get("train_time", 0.0) if self.history else 0.0)
+    self.pending: list[dict[str, jax.Array]] = []
+
+  def elapsed(self) -> float:
+    return time.time() - self.t_start
+
+  def train_time(self) -> float:
+    return self.clock.total()
+
+  def pause(self, state) -> None:
+    """Stops the training clock once the steps dispatched so far have run."""
+    jax.block_until_ready(state)
+    self.clock.pause()
+
+  def resume(self) -> None:
+    self.clock.resume()
+
+  def exclude(self, state) -> None:
+    """Drops the time until ``state`` is ready from the training clock (a compiling step)."""
+    jax.block_until_ready(state)
+    self.clock.resume()
+
+  def train(self, step: int, metrics: dict[str, jax.Array], close: bool) -> None:
+    """Adds a step's metrics; ``close``: writes the interval's means as a train row."""
+    self.pending.append(metrics)
+    if close:
+      fetched = jax.device_get(self.pending)
+      now = time.time()
+      row = {k: float(np.mean([f[k] for f in fetched])) for k in fetched[0]}
+      lr_step = int((step - 1) * optimizers.updates_per_step(self.run.config))
+      row.update(step=step, split="train", learning_rate=float(self.run.schedule(lr_step)),
+                 steps_per_sec=len(fetched) / max(now - self.t_interval, 1e-9),
+                 wall_time=now - self.t_start, train_time=self.train_time())
+      if not math.isfinite(row["loss"]):
+        logging.warning("step %d: the training loss is %s", step, row["loss"])
+      self._write(row)
+      self.history.append(row)
+      self.pending, self.t_interval = [], now
+      if self.bar is not None:
+        self.bar.set_postfix(loss=f"{row['loss']:.4f}", acc=f"{row['accuracy']:.3f}",
+                             wire=f"{row['bytes_on_wire'] / 1e3:.1f}kB")
+    if self.bar is not None:
+      self.bar.update(1)
+
+  def test(self, step: int, res: dict[str, float]) -> dict[str, float]:
+    """Writes an evaluation's row; returns it with its step."""
+    self._write({"step": step, "split": "test", "loss": res["loss"], "accuracy": res["accuracy"],
+                 "wall_time": self.elapsed(), "train_time": self.train_time()})
+    logging.info("step %d: test accuracy %.4f, test loss %.4f", step, res["accuracy"], res["loss"])
+    return dict(res, step=step)
+
+  def _write(self, row: dict[str, Any]) -> None:
+    if self.writer is not None:
+      self.writer.write(row)
+
+  def close(self) -> None:
+    if self.bar is not None:
+      self.bar.close()
+    if self.writer is not None:
+      self.writer.close()
+
+def profile_step(run: Run, state: TrainState) -> dict[str, float]:
+  """Median time of a whole step and of its gradient computation alone.
+
+  ``exchange_time_sec`` = step − compute: compression, the collectives,
+  decompression and the optimizer update. With simulated workers there is no
+  network, so this is the compute cost of the exchange on this machine.
+  Measured after training on ``config.profile_steps`` extra steps whose
+  results are discarded (``state`` is donated to them).
+  """
+  config = run.config
+  loss_fn = step_lib.make_loss_fn(config, run.model, run.spec.num_classes, run.has_bn)
+  grads_fn = jax.jit(jax.vmap(
+      lambda p, bs, x, y, k: step_lib.loss_and_grad(config, loss_fn, p, bs, x, y, k)[0],
+      in_axes=(None, None, 0, 0, None)))
+  train_iter = data_lib.make_pipeline(config.dataset, "train", global_batch_size=config.batch_size,
+                                      train=True, start_step=config.num_train_steps,
+                                      **run.pipeline_kwargs)
+  batches = [run.shard_batch(next(train_iter)) for _ in range(3)]
+  t_step, t_grad = [], []
+  s = state
+  for i in range(config.profile_steps + 2):  # two warm-up rounds
+    images, labels = batches[i % 3]
+    key = np.asarray(jax.random.fold_in(run.step_root, 2**30 + i))
+    t0 = time.perf_counter()
+    s, m = run.train_step(s, images, labels, key)
+    jax.block_until_ready(m)
+    t1 = time.perf_counter()
+    jax.block_until_ready(grads_fn(s.params, s.batch_stats, images, labels, key))
+    t2 = time.perf_counter()
+    if i >= 2:
+      t_step.append(t1 - t0)
+      t_grad.append(t2 - t1)
+  step_t, grad_t = float(np.median(t_step)), float(np.median(t_grad))
+  return {"step_time_sec": step_t, "compute_time_sec": grad_t,
+          "exchange_time_sec": max(step_t - grad_t, 0.0)}

@@ -1,0 +1,194 @@
+r"""The training and evaluation steps.
+
+How a step runs. ``config.workers`` workers are laid over the devices of a
+mesh: ``D`` devices each hold ``N / D`` workers, simulated with ``vmap``
+inside a ``shard_map`` over the mesh. Every worker computes gradients on its
+own ``batch_size / N`` examples; the compression transform (first link of the
+optax chain) quantizes them, moves the packed codes with ``lax.all_gather``
+over the axes ``("devices", "workers")`` and returns the average, so the
+parameters and the optimizer state stay identical on every worker ("parameter
+localization", TernGrad §3.1) and are stored once; only the compressors'
+worker-local state (error-feedback residuals) has a worker axis.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+import numpy as np
+import optax
+
+from experiments import optimizers
+from experiments.state import TrainState
+import jaxcomp
+from jaxcomp import parallel
+
+AXES = ("devices", "workers")
+
+
+def cross_entropy(logits, labels, num_classes):
+  """Per-example softmax cross-entropy of integer ``labels``."""
+  return optax.softmax_cross_entropy(logits, jax.nn.one_hot(labels, num_classes))
+
+
+def ema_decay_at(step, decay):
+  """TensorFlow's ExponentialMovingAverage with num_updates: min(decay, (1+t)/(10+t)).
+
+  TernGrad's TensorFlow code keeps its 0.9999 average this way, so early
+  parameters do not dominate the average of a short run.
+  """
+  t = step.astype(jnp.float32)
+  return jnp.minimum(decay, (1.0 + t) / (10.0 + t))
+
+
+def make_loss_fn(config, model, num_classes, has_bn):
+  """``loss_fn(params, batch_stats, images, labels, key) -> (loss, (logits, new_vars))``."""
+
+  def loss_fn(params, batch_stats, images, labels, key):
+    variables = {"params": params}
+    if has_bn:
+      variables["batch_stats"] = batch_stats
+      logits, new_vars = model.apply(variables, images, train=True, mutable=["batch_stats"],
+                                     rngs={"dropout": key})
+    else:
+      logits = model.apply(variables, images, train=True, rngs={"dropout": key})
+      new_vars = {}
+    loss = jnp.mean(cross_entropy(logits, labels, num_classes))
+    return loss, (logits, new_vars)
+
+  return loss_fn
+
+
+def loss_and_grad(config, loss_fn, params, batch_stats, images, labels, key):
+  """One worker's loss and gradients, with weight decay when ``weight_decay_mode == "loss"``.
+
+  The L2 term ``0.5 * wd * ||w||^2`` of the papers' Caffe/TensorFlow losses
+  contributes ``wd * w`` to every worker's gradient (so it is part of what gets
+  compressed); it is added after differentiating the data loss, which is the
+  same gradient and lets XLA keep the data part fused.
+
+  Returns:
+    ``(grads, loss, logits, new_vars)``: ``loss`` is the data loss (without the
+    L2 term), ``new_vars`` the updated batch-norm statistics (if any).
+  """
+  (loss, (logits, new_vars)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+      params, batch_stats, images, labels, key)
+  if config.weight_decay and config.weight_decay_mode == "loss":
+    grads = jax.tree.map(lambda g, w, on: g + config.weight_decay * w if on else g,
+                         grads, params, optimizers.decay_mask(config, params))
+  return grads, loss, logits, new_vars
+
+
+def make_train_step(config, model, tx, mesh, opt_state_template, num_classes, bn_template, *,
+                    donate: bool = True):
+  """Returns a jitted ``step(state, images[N,b,...], labels[N,b], key) -> (state, metrics)``.
+
+  ``bn_template`` is the model's ``batch_stats`` (empty for models without
+  batch norm). The step donates ``state``: the parameters, optimizer state
+  and EMA it replaces are updated in place, not held twice; the caller must
+  not use a state after passing it. ``donate=False`` gives the same step
+  without donation (``benchmarks/train_memory.py`` compares the two).
+  """
+  has_bn = bool(jax.tree.leaves(bn_template))
+  loss_fn = make_loss_fn(config, model, num_classes, has_bn)
+  axes = parallel.worker_axes(opt_state_template)
+  specs = parallel.worker_specs(opt_state_template, "devices")
+
+  def worker(params, batch_stats, opt_state, images, labels, key):
+    key = jax.random.fold_in(key, parallel.axis_index(AXES))
+    grads, loss, logits, new_vars = loss_and_grad(config, loss_fn, params, batch_stats, images,
+                                                  labels, key)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    params = optax.apply_updates(params, updates)
+    if has_bn:
+      if config.batch_norm_stats == "mean":
+        batch_stats = parallel.pmean(new_vars["batch_stats"], AXES)
+      else:
+        batch_stats = jax.tree.map(lambda a: a[0], parallel.all_gather(new_vars["batch_stats"], AXES))
+    acc = jnp.mean(jnp.argmax(logits, -1) == labels)
+    return params, batch_stats, opt_state, {"loss": loss, "accuracy": acc}
+
+  vworker = jax.vmap(worker, in_axes=(None, None, axes, 0, 0, None),
+                     out_axes=(None, None, axes, 0), axis_name="workers")
+  sharded = jax.shard_map(
+      vworker, mesh=mesh,
+      in_specs=(P(), P(), specs, P("devices"), P("devices"), P()),
+      out_specs=(P(), P(), specs, P("devices")),
+      check_vma=False,  # collectives over the inner vmap axis (see jaxcomp.parallel)
+  )
+  bn_bytes = jaxcomp.core.tree_nbytes(bn_template)
+
+  @functools.partial(jax.jit, donate_argnums=(0,) if donate else ())
+  def step(state: TrainState, images, labels, key):
+    params, batch_stats, opt_state, m = sharded(
+        state.params, state.batch_stats, state.opt_state, images, labels, key)
+    ema = state.ema_params
+    if config.ema_decay > 0:
+      d = ema_decay_at(state.step, config.ema_decay)
+      ema = jax.tree.map(lambda e, p: d * e + (1.0 - d) * p, ema, params)
+    new_state = TrainState(state.step + 1, params, batch_stats, opt_state, ema)
+    metrics = {k: jnp.mean(v) for k, v in m.items()}
+    metrics.update(jaxcomp.metrics(opt_state))
+    metrics["bn_stats_bytes"] = jnp.float32(bn_bytes)
+    return new_state, metrics
+
+  return step
+
+
+# ----------------------------------------------------------------------------
+# Evaluation.
+
+
+def make_eval_step(model, num_classes, has_bn):
+  """Returns a jitted ``eval_step(params, batch_stats, images, labels, mask)`` of masked sums.
+
+  The sums (``loss``, ``correct``, ``correct_top5``, ``count``) count only the
+  examples whose ``mask`` is set (the padding of the last batch is not).
+  """
+
+  @jax.jit
+  def eval_step(params, batch_stats, images, labels, mask):
+    variables = {"params": params}
+    if has_bn:
+      variables["batch_stats"] = batch_stats
+    logits = model.apply(variables, images, train=False)
+    loss = cross_entropy(logits, labels, num_classes)
+    correct = jnp.argmax(logits, -1) == labels
+    top5 = jnp.any(jax.lax.top_k(logits, min(5, num_classes))[1] == labels[:, None], axis=-1)
+    m = mask.astype(jnp.float32)
+    return {"loss": jnp.sum(loss * m), "correct": jnp.sum(correct * m),
+            "correct_top5": jnp.sum(top5 * m), "count": jnp.sum(m)}
+
+  return eval_step
+
+
+def evaluate(eval_step, params, batch_stats, pipeline) -> dict[str, float]:
+  """Loss and top-1/top-5 accuracy over the whole test split.
+
+  Each process evaluates its own slice of every eval batch on one of its
+  devices (``params`` may be global: this process's copy is used); the
+  processes' sums are then added up.
+  """
+  params, batch_stats = _local_copy(params), _local_copy(batch_stats)
+  keys = ("loss", "correct", "correct_top5", "count")
+  totals = {k: 0.0 for k in keys}
+  for batch in pipeline.reset():
+    out = jax.device_get(eval_step(params, batch_stats, batch["image"], batch["label"], batch["mask"]))
+    for k in totals:
+      totals[k] += float(out[k])
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+
+    summed = np.sum(multihost_utils.process_allgather(np.array([totals[k] for k in keys])), axis=0)
+    totals = dict(zip(keys, summed.tolist()))
+  n = max(totals["count"], 1.0)
+  return {"loss": totals["loss"] / n, "accuracy": totals["correct"] / n,
+          "top5_accuracy": totals["correct_top5"] / n, "count": totals["count"]}
+
+
+def _local_copy(tree):
+  """This process's copy of a replicated (global) pytree, on one of its devices."""
+  return jax.tree.map(lambda a: a.addressable_data(0) if isinstance(a, jax.Array) else a, tree)

@@ -1,0 +1,72 @@
+"""Configuration checks: a config that cannot run fails with a clear error before any compile."""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import ml_collections
+
+import jaxcomp
+from experiments import optimizers
+from jaxcomp import data as data_lib
+from jaxcomp import models as models_lib
+
+
+def validate_config(config: ml_collections.ConfigDict) -> None:
+  """Raises a clear error for a config that cannot run, before any compile."""
+
+  def bad(msg):
+    raise ValueError(f"Bad config: {msg}")
+
+  n_proc = jax.process_count()
+  if not isinstance(config.workers, int) or config.workers < 1:
+    bad(f"workers must be a positive integer, got {config.workers!r}.")
+  if config.batch_size < 1 or config.batch_size % config.workers:
+    bad(f"batch_size={config.batch_size} (the total over workers) must be a positive multiple "
+        f"of workers={config.workers}.")
+  if config.workers % n_proc:
+    bad(f"workers={config.workers} must divide over {n_proc} processes (each holds "
+        "workers / processes of them).")
+  if config.dataset not in data_lib.DATASETS:
+    bad(f"unknown dataset {config.dataset!r}; known: {', '.join(sorted(data_lib.DATASETS))}.")
+  if eval_batch_size(config) % n_proc:
+    bad(f"the eval batch ({eval_batch_size(config)}: eval_batch_size, at most the test split) "
+        f"must divide over {n_proc} processes.")
+  if config.model not in models_lib.MODELS:
+    bad(f"unknown model {config.model!r}; known: {', '.join(models_lib.MODELS)}.")
+  if config.compressor not in jaxcomp.names():
+    bad(f"unknown compressor {config.compressor!r}; known: {', '.join(jaxcomp.names())}.")
+  if config.optimizer not in optimizers.OPTIMIZERS:
+    bad(f"unknown optimizer {config.optimizer!r}; known: {', '.join(optimizers.OPTIMIZERS)}.")
+  if config.lr_schedule not in optimizers.SCHEDULES:
+    bad(f"unknown lr_schedule {config.lr_schedule!r}; known: {', '.join(optimizers.SCHEDULES)}.")
+  if config.lr_schedule == "staircase" and config.lr_decay_steps <= 0:
+    bad("lr_schedule='staircase' needs lr_decay_steps > 0.")
+  bounds = list(config.lr_boundaries)
+  if config.lr_schedule == "piecewise" and not (all(0.0 < b < 1.0 for b in bounds) and bounds == sorted(bounds)):
+    bad(f"lr_boundaries must be increasing fractions in (0, 1), got {config.lr_boundaries!r}.")
+  if config.weight_decay_mode not in ("loss", "decoupled"):
+    bad(f"weight_decay_mode must be 'loss' or 'decoupled', got {config.weight_decay_mode!r}.")
+  if config.weight_decay_pattern is not None:
+    try:
+      re.compile(config.weight_decay_pattern)
+    except re.error as e:
+      bad(f"weight_decay_pattern {config.weight_decay_pattern!r} is not a regular expression: {e}.")
+  if config.batch_norm_stats not in ("mean", "worker0"):
+    bad(f"batch_norm_stats must be 'mean' or 'worker0', got {config.batch_norm_stats!r}.")
+  if config.num_train_steps < 1:
+    bad(f"num_train_steps must be >= 1, got {config.num_train_steps}.")
+  if not 0.0 <= config.ema_decay < 1.0:
+    bad(f"ema_decay must be in [0, 1), got {config.ema_decay}.")
+  if config.eval_with_ema and config.ema_decay == 0.0:
+    bad("eval_with_ema needs ema_decay > 0.")
+  if config.max_devices < 0:
+    bad(f"max_devices must be >= 0 (0: all), got {config.max_devices}.")
+  if config.log_every < 1:
+    bad(f"log_every must be >= 1, got {config.log_every}.")
+
+
+def eval_batch_size(config: ml_collections.ConfigDict) -> int:
+  """The global eval batch: ``config.eval_batch_size``, at most the test split."""
+  return min(config.eval_batch_size, data_lib.get_spec(config.dataset).num_examples("test"))

@@ -1,0 +1,179 @@
+"""The files a run writes: ``config.json``, ``metrics.csv`` and ``summary.json``.
+
+Process 0 writes them (:func:`experiments.distributed.is_writer`); the columns
+of ``metrics.csv`` are documented in :data:`CSV_DOC`.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import sys
+from typing import TYPE_CHECKING, Any, Optional
+
+from absl import logging
+import jax
+import ml_collections
+import numpy as np
+
+from experiments.distributed import is_writer
+from jaxcomp import models as models_lib
+
+if TYPE_CHECKING:
+  from experiments.build import Run, Start  # pylint: disable=g-bad-import-order
+  from experiments.loop import End
+
+
+CSV_DOC = {
+    "step": "training step after which the row was written (1-based)",
+    "split": "train (means over the steps since the previous train row; rows close every "
+             "log_every steps, at every checkpoint and at the end) or test",
+    "loss": "cross-entropy (train: mean over workers and steps; test: over the test set)",
+    "accuracy": "top-1 accuracy in [0, 1]",
+    "learning_rate": "learning rate of the last step",
+    "bytes_on_wire": "bytes one worker handed to collectives per step (jaxcomp.metrics)",
+    "float32_bytes": "the same gradients as float32",
+    "compression_ratio": "float32_bytes / bytes_on_wire",
+    "encoded_bytes": "as bytes_on_wire, with exact variable-length encoding sizes",
+    "bn_stats_bytes": "bytes of batch-norm statistics exchanged per step",
+    "steps_per_sec": "training steps per second over the interval (wall clock)",
+    "wall_time": "seconds since training started",
+    "train_time": "seconds spent in training steps since training started: evaluations, "
+                  "checkpoints and the first step of each invocation (it compiles) excluded",
+}
+
+
+def write_config(config: ml_collections.ConfigDict, workdir: str) -> None:
+  """Creates ``workdir``; process 0 writes the resolved config to ``config.json`` in it."""
+  os.makedirs(workdir, exist_ok=True)
+  if is_writer():
+    with open(os.path.join(workdir, "config.json"), "w") as f:
+      f.write(config.to_json(indent=2))
+
+
+def resume_metrics(path: str, start_step: int) -> list[dict[str, float]]:
+  """The train rows up to ``start_step``; process 0 drops the rows written after it."""
+  rows, fieldnames = [], None
+  if os.path.exists(path):
+    with open(path, newline="") as f:
+      reader = csv.DictReader(f)
+      fieldnames = reader.fieldnames
+      rows = [r for r in reader if int(r["step"]) <= start_step]
+  if jax.process_count() > 1:  # every process has read the file before process 0 rewrites it
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+
+    multihost_utils.sync_global_devices("experiments.train: metrics.csv read")
+  if fieldnames is not None and is_writer():
+    with open(path, "w", newline="") as f:
+      w = csv.DictWriter(f, fieldnames=fieldnames)
+      w.writeheader()
+      w.writerows(rows)
+  return [{k: float(v) for k, v in r.items() if k != "split" and v not in ("", None)}
+          for r in rows if r["split"] == "train"]
+
+
+def write(run: Run, start: Start, end: End, timing: dict[str, float]) -> dict[str, Any]:
+  """The summary of a finished run; process 0 writes it to ``summary.json``."""
+  summary = _summary(run, start, end, timing)
+  if is_writer():
+    with open(os.path.join(run.workdir, "summary.json"), "w") as f:
+      json.dump(summary, f, indent=2)
+  logging.info("done: %s", json.dumps({k: summary[k] for k in
+                                       ("test_accuracy", "bytes_on_wire", "compression_ratio",
+                                        "wall_time_sec")}))
+  return summary
+
+
+def _summary(run: Run, start: Start, end: End, timing: dict[str, float]) -> dict[str, Any]:
+  c, history, last_eval = run.config, end.history, end.last_eval
+  last_train = history[-1] if history else {}
+
+  def mean(key):
+    return float(np.mean([h[key] for h in history])) if history else None
+
+  return {
+      "experiment": c.experiment,
+      "dataset": c.dataset,
+      "model": c.model,
+      "compressor": c.compressor,
+      "compressor_kwargs": c.compressor_kwargs.to_dict(),
+      "workers": c.workers,
+      "devices": run.mesh.size,
+      "processes": jax.process_count(),
+      "batch_size": c.batch_size,
+      "optimizer": c.optimizer,
+      "learning_rate": c.learning_rate,
+      "steps": end.step,
+      "seed": c.seed,
+      "parameters": models_lib.param_count(run.state.params),
+      "test_accuracy": last_eval.get("accuracy"),
+      "test_top5_accuracy": last_eval.get("top5_accuracy"),
+      "test_loss": last_eval.get("loss"),
+      "test_examples": last_eval.get("count"),
+      "evaluated": "ema" if c.eval_with_ema else "params",
+      **{k: last_train.get(k) for k in ("bytes_on_wire", "float32_bytes", "compression_ratio",
+                                        "compressed_ratio", "float_bytes", "encoded_bytes")},
+      "mean_bytes_on_wire": mean("bytes_on_wire"),
+      "mean_encoded_bytes": mean("encoded_bytes"),
+      "final_train_loss": last_train.get("loss"),
+      "wall_time_sec": end.wall_time,
+      "train_time_sec": end.train_time,
+      "steps_per_sec": mean("steps_per_sec"),
+      **timing,
+      "resumed_from_step": start.step or None,
+      "jax_version": jax.__version__,
+      "backend": jax.default_backend(),
+      "git_commit": _git_commit(),
+  }
+
+class CsvWriter:
+  """Rows appended to a CSV file (its header first when the file is new), flushed as written."""
+
+  def __init__(self, path: str, columns: list[str]):
+    self.columns = columns
+    new = not os.path.exists(path)
+    self._f = open(path, "a", newline="")
+    self._w = csv.DictWriter(self._f, fieldnames=columns, extrasaction="ignore")
+    if new:
+      self._w.writeheader()
+
+  def write(self, row: dict[str, Any]) -> None:
+    self._w.writerow({k: _fmt(v) for k, v in row.items()})
+    self._f.flush()
+
+  def close(self):
+    self._f.close()
+
+
+def _fmt(v):
+  if isinstance(v, float):
+    return f"{v:.6g}" if not v.is_integer() or abs(v) >= 1e15 else str(int(v))
+  return v
+
+
+def progress_bar(total: int, enabled: bool, desc: str):
+  """A tqdm bar on stderr, or None when disabled or tqdm is missing."""
+  if not enabled:
+    return None
+  try:
+    from tqdm import tqdm  # pylint: disable=g-import-not-at-top
+  except ImportError:  # pragma: no cover
+    return None
+  return tqdm(total=total, desc=desc, unit="step", dynamic_ncols=True, file=sys.stderr, leave=True)
+
+
+def _git_commit() -> Optional[str]:
+  """The commit of the code that ran (with ``+dirty`` for local changes), if in a checkout."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+
+  here = os.path.dirname(os.path.abspath(__file__))
+  try:
+    rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True,
+                         timeout=10).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "jaxcomp",
+                            "experiments", "configs"], cwd=here, capture_output=True, text=True,
+                           timeout=10).stdout.strip()
+  except (OSError, subprocess.SubprocessError):
+    return None
+  return (rev + ("+dirty" if dirty else "")) or None
