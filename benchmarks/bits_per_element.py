@@ -40,7 +40,8 @@ from jaxcomp import data as jdata
 from jaxcomp import models
 from jaxcomp import parallel
 
-from benchmarks.compressors import VARIANTS, compressor_of
+from benchmarks.compressors import VARIANTS
+from experiments.throughput import compressor_of
 
 WORKERS = 2
 BATCH = 64

@@ -37,16 +37,12 @@ import json
 import platform
 import statistics
 import sys
-import time
-from typing import Any, Callable
-from unittest import mock
 
 import jax
 import jax.numpy as jnp
 
+from experiments import throughput
 import jaxcomp
-from jaxcomp import core
-from jaxcomp import transforms
 
 # This project's throughput targets, as fractions of a float32 copy's: every compressor at
 # least 10%; TernGrad, 3LC, int8 and the compressors the other frameworks ship (half precision,
@@ -65,22 +61,6 @@ VARIANTS = {
 }
 
 
-def compressor_of(name: str, **kwargs: Any) -> core.Compressor:
-  """The Compressor a registry factory builds (every factory calls ``transforms.compress``)."""
-  captured = []
-  real = transforms.compress
-
-  def capture(compressor, **kw):
-    captured.append(compressor)
-    return real(compressor, **kw)
-
-  with mock.patch.object(transforms, "compress", capture):
-    jaxcomp.REGISTRY[name](**kwargs)
-  if not captured or captured[-1] is None:
-    raise LookupError(f"{name!r} builds no compressor")
-  return captured[-1]
-
-
 def emit(doc: dict, path: str = "") -> dict:
   """Writes the JSON document ``doc`` to ``path``, or prints it without one; returns it."""
   text = json.dumps(doc, indent=1, default=float)
@@ -92,62 +72,6 @@ def emit(doc: dict, path: str = "") -> dict:
   return doc
 
 
-def parse_size(s: str) -> int:
-  s = s.strip().upper()
-  mult = {"K": 2**10, "M": 2**20, "G": 2**30}.get(s[-1:], 1)
-  return int(float(s[:-1] if s[-1:] in "KMG" else s) * mult)
-
-
-def _block(tree):
-  for leaf in jax.tree.leaves(tree):
-    leaf.block_until_ready()
-  return tree
-
-
-def _once(fn: Callable[[], Any]) -> float:
-  t0 = time.perf_counter()
-  _block(fn())
-  return time.perf_counter() - t0
-
-
-def bench_one(comp: core.Compressor, x: jax.Array, key: jax.Array, copy: Callable, repeats: int) -> dict[str, float]:
-  """Median times of encode, decode and the copy, and the median of the per-repeat ratios.
-
-  Every repeat times the copy, the encode and the decode back to back, so a
-  ratio compares calls made within milliseconds of each other (the machine is
-  shared: its speed drifts between repeats).
-  """
-  shape = x.shape
-  if comp.custom_exchange:
-    state = comp.init_state(shape, jax.random.PRNGKey(1))
-    # The payload is an output too, so XLA cannot drop the encoding work the mean does not need.
-    ex = jax.jit(lambda x, k, s: (lambda e: (e.mean, e.payload, e.state))(comp.exchange(x, k, None, s)))
-    steps = {"total_s": lambda: ex(x, key, state)}
-    payload_bytes = float("nan")
-  else:
-    enc = jax.jit(lambda x, k: comp.encode(x, k, comp.agree(x)))
-    dec = jax.jit(lambda p: comp.decode(p, shape))
-    payload = _block(enc(x, key))
-    steps = {"encode_s": lambda: enc(x, key), "decode_s": lambda: dec(payload)}
-    payload_bytes = core.tree_nbytes(payload)
-  for fn in list(steps.values()) * 2 + [lambda: copy(x)] * 2:  # warm-up (compiles)
-    _block(fn())
-  samples = {k: [] for k in steps}
-  copies, ratios = [], []
-  for _ in range(repeats):
-    t_copy = _once(lambda: copy(x))
-    ts = {k: _once(fn) for k, fn in steps.items()}
-    for k, t in ts.items():
-      samples[k].append(t)
-    copies.append(t_copy)
-    ratios.append(t_copy / sum(ts.values()))
-  out = {k: statistics.median(v) for k, v in samples.items()}
-  if "total_s" not in out:
-    out["total_s"] = statistics.median([e + d for e, d in zip(samples["encode_s"], samples["decode_s"])])
-  out.update(copy_s=statistics.median(copies), vs_copy=statistics.median(ratios), payload_bytes=payload_bytes)
-  return out
-
-
 def markdown(results: list[dict]) -> str:
   """The results as a Markdown table (median ms; ratio = median of per-repeat t_copy / t_compressor)."""
   lines = [
@@ -156,7 +80,8 @@ def markdown(results: list[dict]) -> str:
   ]
   for r in results:
     lines.append(
-        f"| `{r['compressor']}` | {size_label(r['size'])} | {_ms(r.get('encode_s', float('nan')))} | "
+        f"| `{r['compressor']}` | {throughput.size_label(r['size'])} | "
+        f"{_ms(r.get('encode_s', float('nan')))} | "
         f"{_ms(r.get('decode_s', float('nan')))} | {r['melem_per_s']:.0f} | {r['copy_melem_per_s']:.0f} | "
         f"{r['vs_copy']:.1%} | {_verdict(r['vs_copy'], r['target'])} |"
     )
@@ -170,12 +95,6 @@ def _ms(seconds: float) -> str:
 
 def _verdict(ratio: float, target: float) -> str:
   return f"{'met' if ratio >= target else '**missed**'} ({target:.0%})"
-
-
-def size_label(n: int) -> str:
-  """``1M``, ``4M + 3``: sizes as the tables write them."""
-  base = n // 2**20
-  return f"{base}M" if n == base * 2**20 else (f"{base}M + {n - base * 2**20}" if base else f"{n:,}")
 
 
 def combine(docs: list[dict]) -> str:
@@ -204,7 +123,8 @@ def combine(docs: list[dict]) -> str:
     rs = [rows[key] for rows in by_run]
     ratio = med("vs_copy", rs)
     lines.append(
-        f"| `{key[0]}` | {size_label(key[1])} | {_ms(med('encode_s', rs))} | {_ms(med('decode_s', rs))} | "
+        f"| `{key[0]}` | {throughput.size_label(key[1])} | {_ms(med('encode_s', rs))} | "
+        f"{_ms(med('decode_s', rs))} | "
         f"{med('melem_per_s', rs):.0f} | {med('copy_melem_per_s', rs):.0f} | "
         + " / ".join(f"{100 * r['vs_copy']:.1f}" for r in rs)
         + f" | {ratio:.1%} | {_verdict(ratio, rs[0]['target'])} |")
@@ -233,7 +153,7 @@ def main(argv=None) -> dict:
   entries = {}
   for name in sorted(jaxcomp.REGISTRY):
     try:
-      entries[name] = compressor_of(name)
+      entries[name] = throughput.compressor_of(name)
     except LookupError:
       continue  # "none": the float baseline has no compressor
   for name, code in WRAPPER_CODES.items():
@@ -242,7 +162,7 @@ def main(argv=None) -> dict:
   if not args.no_variants:
     for vname, (base, kw) in VARIANTS.items():
       if base in jaxcomp.REGISTRY:
-        entries[vname] = compressor_of(base, **kw)
+        entries[vname] = throughput.compressor_of(base, **kw)
   if args.only:
     wanted = [w.strip() for w in args.only.split(",") if w.strip()]
     unknown = [w for w in wanted if w not in entries]
@@ -252,11 +172,11 @@ def main(argv=None) -> dict:
 
   copy = jax.jit(lambda x: x * jnp.float32(2.0))
   results = []
-  for size in [parse_size(s) for s in args.sizes.split(",")]:
+  for size in [throughput.parse_size(s) for s in args.sizes.split(",")]:
     x = jax.random.normal(jax.random.PRNGKey(0), (size,), jnp.float32)
     key = jax.random.PRNGKey(1)
     for name, comp in entries.items():
-      r = bench_one(comp, x, key, copy, args.repeats)
+      r = throughput.bench_one(comp, x, key, copy, args.repeats)
       r.update(compressor=name, size=size, melem_per_s=size / r["total_s"] / 1e6,
                copy_melem_per_s=size / r["copy_s"] / 1e6)
       target = TARGET_FAST.get(name, TARGET_ALL)

@@ -229,8 +229,8 @@ def finish(benchmark: str, results: list, json_path, **fields) -> int:
 
 def bench_compressor(name: str, kwargs: dict):
   """The Compressor that registry factory ``name`` builds with ``kwargs``."""
-  from benchmarks import compressors as bench  # pylint: disable=g-import-not-at-top
-  return bench.compressor_of(name, **kwargs)
+  from experiments import throughput  # pylint: disable=g-import-not-at-top
+  return throughput.compressor_of(name, **kwargs)
 
 
 def modelled_seconds(method: str, n: int, processes: int, link: str, latency: float):

@@ -182,9 +182,9 @@ def run_throughput(zoo: Zoo, size: str, repeats: int, force: bool) -> None:
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import jaxcomp  # pylint: disable=g-import-not-at-top
-  from benchmarks import compressors as bench  # pylint: disable=g-import-not-at-top
+  from experiments import throughput  # pylint: disable=g-import-not-at-top
 
-  n = bench.parse_size(size)
+  n = throughput.parse_size(size)
   doc = None if force else _load(zoo.throughput_json)
   if doc is not None and doc.get("size") != n:
     raise SystemExit(f"[zoo] {zoo.throughput_json} holds size {doc.get('size')}, not {n}: "
@@ -204,7 +204,7 @@ def run_throughput(zoo: Zoo, size: str, repeats: int, force: bool) -> None:
   copy = jax.jit(lambda v: v * jnp.float32(2.0))
   for name in todo:
     kwargs = zoo.timing_kwargs(name)
-    r = bench.bench_one(bench.compressor_of(name, **kwargs), x, key, copy, repeats)
+    r = throughput.bench_one(throughput.compressor_of(name, **kwargs), x, key, copy, repeats)
     r.update(compressor=name, kwargs=kwargs, size=n, shape=list(x.shape), melem_per_s=n / r["total_s"] / 1e6,
              copy_melem_per_s=n / r["copy_s"] / 1e6, measured=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
     doc["results"].append(r)
@@ -329,8 +329,8 @@ def rows(zoo: Zoo) -> list[dict]:
 
 
 def _size_label(n: int) -> str:
-  from benchmarks import compressors as bench  # pylint: disable=g-import-not-at-top
-  return bench.size_label(n) if n >= 2**20 else f"{n:,}-value"
+  from experiments import throughput  # pylint: disable=g-import-not-at-top
+  return throughput.size_label(n) if n >= 2**20 else f"{n:,}-value"
 
 
 def _fmt_bytes(b: float) -> str:

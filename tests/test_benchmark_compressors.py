@@ -5,6 +5,7 @@ import json
 import pytest
 
 from benchmarks import compressors
+from experiments import throughput
 
 
 def _doc(ratios):
@@ -42,4 +43,4 @@ def test_combine_rejects_one_run_and_mismatched_runs():
 
 
 def test_size_labels():
-  assert [compressors.size_label(n) for n in (2**20, 4 * 2**20 + 3, 1000)] == ["1M", "4M + 3", "1,000"]
+  assert [throughput.size_label(n) for n in (2**20, 4 * 2**20 + 3, 1000)] == ["1M", "4M + 3", "1,000"]

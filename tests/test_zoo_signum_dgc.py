@@ -284,9 +284,9 @@ def test_bad_arguments_name_the_argument(call, match):
 
 
 def test_the_throughput_benchmark_builds_and_times_the_compressors():
-  from benchmarks import compressors as bench
-  assert type(bench.compressor_of("signum")) is jaxcomp.Signum
-  comp = bench.compressor_of("dgc")
+  from experiments import throughput
+  assert type(throughput.compressor_of("signum")) is jaxcomp.Signum
+  comp = throughput.compressor_of("dgc")
   assert type(comp) is jaxcomp.DGC and not comp.custom_exchange  # timed through encode/decode
   x = jax.random.normal(jax.random.PRNGKey(0), (5000,))
   payload = jax.jit(lambda x, k: comp.encode(x, k, comp.agree(x)))(x, jax.random.PRNGKey(1))
