@@ -210,6 +210,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.checkpoint_every = 0  # 0: no checkpoints; else save (and resume from) workdir/checkpoints
   c.checkpoint_keep = 2  # checkpoints kept
   c.profile_steps = 0  # > 0: time this many extra steps at the end, split into compute and exchange
+  # > 1: trace this training step with the JAX profiler (clu.periodic_actions.Profile) into
+  # workdir/plugins/profile, for TensorBoard's Profile tab; 0: no trace.
+  c.trace_step = 0
   c.progress = True  # a progress bar on stderr
 
   # -- several processes (experiments.train: jax.distributed.initialize) --

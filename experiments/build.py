@@ -77,7 +77,8 @@ def build(config: ml_collections.ConfigDict, workdir: str) -> Run:
                                                   config.image_size, config.channels))
   # The eval pipeline first: absent data (ImageNet here) fails at once, before the model is built.
   eval_pipeline = data_lib.make_pipeline(config.dataset, "test", train=False,
-                                         global_batch_size=validation.eval_batch_size(config), **pipeline_kwargs)
+                                         global_batch_size=validation.eval_batch_size(config),
+                                         **pipeline_kwargs)
   model = models_lib.get_model(config.model, spec.num_classes, **config.model_kwargs.to_dict())
   init_key, step_root = jax.random.split(jax.random.PRNGKey(config.seed))
   variables = model.init({"params": init_key, "dropout": init_key},
@@ -87,11 +88,13 @@ def build(config: ml_collections.ConfigDict, workdir: str) -> Run:
   init_state = functools.partial(state_lib.initial_state, config, tx, variables, state)
   train_step = step_lib.make_train_step(config, model, tx, mesh, state.opt_state, spec.num_classes,
                                state.batch_stats)
-  eval_step = step_lib.make_eval_step(model, spec.num_classes, bool(jax.tree.leaves(state.batch_stats)))
+  eval_step = step_lib.make_eval_step(model, spec.num_classes,
+                                      bool(jax.tree.leaves(state.batch_stats)))
   checkpointer = (state_lib.Checkpointer(os.path.join(workdir, "checkpoints"), config)
                   if config.checkpoint_every else None)
   run = Run(config, workdir, mesh, spec, image_shape, pipeline_kwargs, eval_pipeline, model, state,
-            init_state, train_step, eval_step, optimizers.make_schedule(config), step_root, checkpointer)
+            init_state, train_step, eval_step, optimizers.make_schedule(config), step_root,
+            checkpointer)
   _log_setup(run, variables["params"])
   return run
 

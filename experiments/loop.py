@@ -8,6 +8,7 @@ import time
 from typing import Any, Callable, NamedTuple, Optional
 
 from absl import logging
+from clu import periodic_actions
 import jax
 import numpy as np
 
@@ -36,22 +37,24 @@ def loop(run: Run, start: Start, stop_after_steps: Optional[int] = None) -> End:
   """Trains from ``start.step`` to the end, or for ``stop_after_steps`` steps.
 
   Logs train rows, evaluates every ``eval_every`` steps and at the end, and
-  saves checkpoints every ``checkpoint_every`` steps and at the end.
+  saves checkpoints every ``checkpoint_every`` steps and at the end; after
+  every step, reports progress and takes the profiler trace (:class:`_Log`).
   """
   c = run.config
   train_iter = data_lib.make_pipeline(c.dataset, "train", global_batch_size=c.batch_size,
                                       train=True, start_step=start.step, **run.pipeline_kwargs)
-  log = _Log(run, start)
   state, step, last_eval = start.state, start.step, {}
   last_step = c.num_train_steps
   if stop_after_steps is not None:
     last_step = min(last_step, start.step + stop_after_steps)
+  log = _Log(run, start, last_step)
   for step in range(start.step + 1, last_step + 1):
     images, labels = run.shard_batch(next(train_iter))
     key = np.asarray(jax.random.fold_in(run.step_root, step))  # host value: the same in every process
     state, metrics = run.train_step(state, images, labels, key)
     if step == start.step + 1:
       log.exclude(state)  # the first step compiles: not training time
+    log.step_done(step, state)
     final = step == c.num_train_steps
     checkpoint_now = run.checkpointer is not None and (step % c.checkpoint_every == 0 or final)
     # A train row closes at every checkpoint too, so a resumed run writes the same rows.
@@ -60,8 +63,8 @@ def loop(run: Run, start: Start, stop_after_steps: Optional[int] = None) -> End:
     if evaluate_now or checkpoint_now:
       log.pause(state)
     if evaluate_now:
-      last_eval = log.test(step, step_lib.evaluate(run.eval_step, run.eval_params(state), state.batch_stats,
-                                          run.eval_pipeline))
+      last_eval = log.test(step, step_lib.evaluate(run.eval_step, run.eval_params(state),
+                                                   state.batch_stats, run.eval_pipeline))
     if checkpoint_now:
       run.checkpointer.save(step, state)
     if evaluate_now or checkpoint_now:
@@ -96,9 +99,15 @@ class TrainClock:
 
 
 class _Log:
-  """The rows of ``metrics.csv`` (written by process 0), the progress bar and the history."""
+  """The rows of ``metrics.csv`` and TensorBoard (from process 0), progress, and the history.
 
-  def __init__(self, run: Run, start: Start):
+  Args:
+    run: the run.
+    start: where this invocation starts.
+    last_step: the step it ends at.
+  """
+
+  def __init__(self, run: Run, start: Start, last_step: int):
     self.run = run
     self.history = list(start.history)
     columns = list(writers.CSV_DOC)
@@ -107,7 +116,9 @@ class _Log:
                    if is_writer() else None)
     c = run.config
     self.bar = writers.progress_bar(c.num_train_steps, c.progress and is_writer(),
-                         f"{c.model}/{c.compressor}/N={c.workers}")
+                                    f"{c.model}/{c.compressor}/N={c.workers}")
+    self.summary = writers.metric_writer(run.workdir)
+    self.hooks, self.trace_bounds = _periodic_actions(run, start.step, last_step, self.summary)
     if self.bar is not None and start.step:
       self.bar.update(start.step)
     self.t_start = time.time() - (self.history[-1]["wall_time"] if self.history else 0.0)
@@ -134,6 +145,13 @@ class _Log:
     """Drops the time until ``state`` is ready from the training clock (a compiling step)."""
     jax.block_until_ready(state)
     self.clock.resume()
+
+  def step_done(self, step: int, state) -> None:
+    """Runs the periodic actions after ``step``: the progress report and the profiler trace."""
+    if step in self.trace_bounds:  # the trace holds the whole of trace_step and nothing else
+      jax.block_until_ready(state)
+    for hook in self.hooks:
+      hook(step)
 
   def train(self, step: int, metrics: dict[str, jax.Array], close: bool) -> None:
     """Adds a step's metrics; ``close``: writes the interval's means as a train row."""
@@ -167,12 +185,37 @@ class _Log:
   def _write(self, row: dict[str, Any]) -> None:
     if self.writer is not None:
       self.writer.write(row)
+    self.summary.write_scalars(int(row["step"]), writers.scalars(row))
 
   def close(self) -> None:
     if self.bar is not None:
       self.bar.close()
     if self.writer is not None:
       self.writer.close()
+    self.summary.close()
+
+
+def _periodic_actions(run: Run, first_step: int, last_step: int,
+                      writer) -> tuple[list[Any], tuple[int, ...]]:
+  """clu's progress reports (steps/s, ETA) and, from process 0, the trace of ``config.trace_step``.
+
+  clu's ``Profile`` starts its trace after the step before ``trace_step`` and
+  stops it after ``trace_step``: it is taken when this invocation runs both.
+
+  Returns:
+    The actions to call after every step, and the steps that bound the trace
+    (empty without one).
+  """
+  c = run.config
+  actions = [periodic_actions.ReportProgress(num_train_steps=c.num_train_steps, writer=writer)]
+  bounds = (c.trace_step - 1, c.trace_step)
+  if not (is_writer() and first_step < bounds[0] and bounds[1] <= last_step):
+    return actions, ()
+  actions.append(periodic_actions.Profile(logdir=run.workdir, num_profile_steps=1,
+                                          profile_duration_ms=None, first_profile=bounds[0],
+                                          every_secs=None))
+  return actions, bounds
+
 
 def profile_step(run: Run, state: TrainState) -> dict[str, float]:
   """Median time of a whole step and of its gradient computation alone.

@@ -58,7 +58,7 @@ def make_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
 
 
 def make_base_optimizer(config: ml_collections.ConfigDict, schedule: optax.Schedule):
-  """``config.optimizer`` with ``schedule``, after decoupled weight decay if the config asks for it."""
+  """``config.optimizer`` with ``schedule``, after decoupled weight decay if the config sets it."""
   if config.optimizer == "sgd":
     opt = optax.sgd(schedule)
   elif config.optimizer == "momentum":

@@ -34,6 +34,7 @@ def num_devices_for(workers: int, available: int) -> int:
   """The largest divisor of ``workers`` that is at most ``available``."""
   return max(d for d in range(1, min(workers, available) + 1) if workers % d == 0)
 
+
 def make_mesh(workers: int, max_devices: int = 0) -> jax.sharding.Mesh:
   """The global mesh ``("devices",)`` the workers are laid over.
 

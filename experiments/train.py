@@ -16,13 +16,16 @@ its steps live in modules named for what they do:
 * :mod:`experiments.state`: the train state, the mesh, shardings, checkpoints;
 * :mod:`experiments.build`: building a run and restoring it;
 * :mod:`experiments.loop`: the training loop with its logging and checkpoints;
-* :mod:`experiments.writers`: ``config.json``, ``metrics.csv``, ``summary.json``.
+* :mod:`experiments.writers`: ``config.json``, ``metrics.csv``, TensorBoard, ``summary.json``.
 
 Outputs in ``workdir``:
 
 * ``metrics.csv``: one row per logged training interval (``split=train``:
   means over the interval) and per evaluation (``split=test``); the columns
   are documented in :data:`experiments.writers.CSV_DOC`.
+* ``events.out.tfevents.*``: the rows of ``metrics.csv`` as TensorBoard scalars
+  (``train/loss``, ``test/accuracy``, ...) and clu's progress reports;
+  ``plugins/profile/``: the profiler trace of ``config.trace_step``, if set.
 * ``summary.json``: config, final test accuracy, bytes on the wire, timing.
 * ``config.json``: the resolved config.
 * ``checkpoints/``: orbax checkpoints (with ``config.checkpoint_every > 0``).

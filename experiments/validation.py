@@ -65,6 +65,9 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     bad(f"max_devices must be >= 0 (0: all), got {config.max_devices}.")
   if config.log_every < 1:
     bad(f"log_every must be >= 1, got {config.log_every}.")
+  if config.trace_step and not 2 <= config.trace_step <= config.num_train_steps:
+    bad(f"trace_step must be 0 (no trace) or a step in [2, num_train_steps={config.num_train_steps}] "
+        f"(a trace starts after the step before it), got {config.trace_step}.")
 
 
 def eval_batch_size(config: ml_collections.ConfigDict) -> int:

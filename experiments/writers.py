@@ -1,7 +1,9 @@
-"""The files a run writes: ``config.json``, ``metrics.csv`` and ``summary.json``.
+"""The files a run writes: ``config.json``, ``metrics.csv``, TensorBoard events, ``summary.json``.
 
 Process 0 writes them (:func:`experiments.distributed.is_writer`); the columns
-of ``metrics.csv`` are documented in :data:`CSV_DOC`.
+of ``metrics.csv`` are documented in :data:`CSV_DOC`. Every row of
+``metrics.csv`` also goes to TensorBoard (:func:`metric_writer`), its numbers
+as the scalars ``train/loss``, ``test/accuracy``, ``train/bytes_on_wire``, ...
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import sys
 from typing import TYPE_CHECKING, Any, Optional
 
 from absl import logging
+from clu import metric_writers
 import jax
 import ml_collections
 import numpy as np
@@ -42,6 +45,16 @@ CSV_DOC = {
     "train_time": "seconds spent in training steps since training started: evaluations, "
                   "checkpoints and the first step of each invocation (it compiles) excluded",
 }
+
+
+def metric_writer(workdir: str) -> metric_writers.MetricWriter:
+  """TensorBoard events in ``workdir`` from process 0; the other processes only log the scalars."""
+  return metric_writers.create_default_writer(workdir, just_logging=jax.process_index() > 0)
+
+
+def scalars(row: dict[str, Any]) -> dict[str, float]:
+  """A ``metrics.csv`` row's numbers as TensorBoard scalars, named ``split/column``."""
+  return {f"{row['split']}/{k}": v for k, v in row.items() if k not in ("step", "split")}
 
 
 def write_config(config: ml_collections.ConfigDict, workdir: str) -> None:
@@ -126,6 +139,7 @@ def _summary(run: Run, start: Start, end: End, timing: dict[str, float]) -> dict
       "backend": jax.default_backend(),
       "git_commit": _git_commit(),
   }
+
 
 class CsvWriter:
   """Rows appended to a CSV file (its header first when the file is new), flushed as written."""

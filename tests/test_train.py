@@ -1,6 +1,7 @@
 """The training entry point, end to end at tiny scale on real offline data (MNIST-5k)."""
 
 import csv
+import glob
 import json
 import os
 import subprocess
@@ -45,6 +46,34 @@ def test_train_and_evaluate_terngrad(tmp_path):
   assert json.load(open(tmp_path / "summary.json"))["test_accuracy"] == s["test_accuracy"]
 
 
+def _event_scalars(workdir) -> dict[tuple[str, int], float]:
+  """``(tag, step) -> value`` of every scalar in the TensorBoard events files of ``workdir``."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  out = {}
+  for path in glob.glob(os.path.join(workdir, "events.out.tfevents.*")):
+    for event in tf.compat.v1.train.summary_iterator(path):
+      for v in event.summary.value:
+        out[(v.tag, event.step)] = float(tf.make_ndarray(v.tensor))
+  return out
+
+
+def test_tensorboard_events_hold_the_csv_rows_and_a_trace_is_taken(tmp_path):
+  train.train_and_evaluate(_config(workers=2, num_train_steps=6, log_every=2, eval_every=3,
+                                   trace_step=3), str(tmp_path))
+  events = _event_scalars(tmp_path)
+  rows = list(csv.DictReader(open(tmp_path / "metrics.csv")))
+  assert [(r["split"], r["step"]) for r in rows] == [("train", "2"), ("test", "3"), ("train", "4"),
+                                                    ("train", "6"), ("test", "6")]
+  for r in rows:
+    columns = ("loss", "accuracy") + (("bytes_on_wire", "learning_rate") if r["split"] == "train" else ())
+    for column in columns:
+      tagged = events[(f"{r['split']}/{column}", int(r["step"]))]
+      np.testing.assert_allclose(tagged, float(r[column]), rtol=1e-5, err_msg=f"{r['split']}/{column}")
+  assert len({v for (tag, _), v in events.items() if tag == "train/loss"}) == 3  # three different losses
+  assert glob.glob(os.path.join(tmp_path, "plugins", "profile", "*", "*.xplane.pb"))  # the trace of step 3
+
+
 def test_devices_and_vmap_layouts_give_the_same_run(tmp_path):
   """8 workers as 8 devices x 1 and as 1 device x 8 (vmap): identical training."""
   assert jax.local_device_count() == 8
@@ -64,6 +93,8 @@ def test_devices_and_vmap_layouts_give_the_same_run(tmp_path):
         (dict(dataset="svhn"), "unknown dataset"),
         (dict(optimizer="lion"), "unknown optimizer"),
         (dict(eval_with_ema=True, ema_decay=0.0), "eval_with_ema"),
+        (dict(trace_step=1), "trace_step"),  # no step before the first to start a trace after
+        (dict(trace_step=13), "trace_step"),  # after the last step (12)
     ],
 )
 def test_bad_configs_fail_before_compiling(tmp_path, overrides, message):
