@@ -332,3 +332,43 @@ def worker_slice(state: Any, index: int) -> Any:
 def expand_workers(state: Any) -> Any:
   """Adds a leading worker axis of size 1 to every worker-local leaf."""
   return _map_local(lambda a: a[None], state)
+
+
+# -- batches laid over workers ----------------------------------------------
+
+
+def _check_leading(batch: Any, expected: int, where: str) -> None:
+  for path, leaf in jax.tree_util.tree_flatten_with_path(batch)[0]:
+    shape = jnp.shape(leaf)
+    if not shape or shape[0] != expected:
+      raise ValueError(
+          f"batch{jax.tree_util.keystr(path)} has shape {tuple(shape)} {where}; the leading axis must "
+          f"be {expected}: one row per worker, each row that worker's whole batch (reshape "
+          f"[workers * b, ...] to [workers, b, ...]).")
+
+
+def check_batch(batch: Any, num_workers: int) -> Any:
+  """``batch`` unchanged, once every leaf's leading axis is checked to be ``num_workers``.
+
+  A batch laid over workers has one row per worker (``[num_workers, b, ...]``),
+  what ``vmap(..., in_axes=0)`` maps and ``shard_map(..., in_specs=P(axis))``
+  splits. A leading size that is a multiple of the workers would be split
+  silently (each device getting several rows, of which a recipe indexing
+  ``b[0]`` uses one): this raises a ValueError naming the leaf instead.
+  """
+  _check_leading(batch, num_workers, f"for {num_workers} workers")
+  return batch
+
+
+def worker_batch(batch: Any) -> Any:
+  """This worker's batch inside ``shard_map`` with one worker per device.
+
+  Each device holds a leading axis of size 1 of a batch laid over workers
+  (``in_specs=P(axis)``); this drops it, as ``jax.tree.map(lambda b: b[0],
+  batch)`` does, but raises a ValueError naming the leaf if a device holds
+  more rows than one (the batch's leading size was not the number of
+  workers). With several workers per device (``vmap`` inside ``shard_map``)
+  ``vmap`` maps the rows instead.
+  """
+  _check_leading(batch, 1, "on this device (its share of the global batch)")
+  return jax.tree.map(lambda b: b[0], batch)

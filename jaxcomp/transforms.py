@@ -132,10 +132,54 @@ def _resolve_skip(skip: SkipSpec, tree: Any, min_size: int, everything: bool = F
   return flags
 
 
-def _check_float(leaf: Any) -> None:
+def _is_float(leaf: Any) -> bool:
   dtype = jnp.asarray(leaf).dtype if not hasattr(leaf, "dtype") else leaf.dtype
-  if not jnp.issubdtype(dtype, jnp.floating):
-    raise TypeError(f"jaxcomp compresses floating-point gradients; got a {dtype} leaf.")
+  return jnp.issubdtype(dtype, jnp.floating)
+
+
+def _check_float(leaf: Any, path: str = "") -> None:
+  if not _is_float(leaf):
+    dtype = jnp.asarray(leaf).dtype if not hasattr(leaf, "dtype") else leaf.dtype
+    where = f" at {path!r}" if path else ""
+    raise TypeError(
+        f"jaxcomp compresses floating-point gradients; got a leaf of dtype {dtype}{where}. Mark it in `skip` "
+        "(it then passes through untouched) or leave it out of the gradients.")
+
+
+def _pass_through_skipped_nonfloat(
+    tx: optax.GradientTransformationExtraArgs, skip: SkipSpec, min_size: int
+) -> optax.GradientTransformationExtraArgs:
+  """``tx`` with the non-float leaves that ``skip`` (or ``min_size``) keeps in float passed through untouched.
+
+  Such a leaf (an integer counter, the ``float0`` gradient of an integer
+  parameter) is neither exchanged nor counted: ``tx`` sees an empty float32
+  placeholder in its place, which costs nothing. Any other non-float leaf is
+  a TypeError naming its path.
+  """
+
+  def split(tree):
+    flat, treedef = jax.tree_util.tree_flatten_with_path(tree)
+    through = [not _is_float(leaf) for _, leaf in flat]
+    if not any(through):
+      return tree, through
+    for (path, leaf), kept, t in zip(flat, _resolve_skip(skip, tree, min_size), through):
+      if t and not kept:
+        _check_float(leaf, path_str(path))
+    return treedef.unflatten([jnp.zeros((0,), jnp.float32) if t else leaf for (_, leaf), t in zip(flat, through)]), through
+
+  def init_fn(params):
+    return tx.init(split(params)[0])
+
+  def update_fn(updates, state, params=None, **extra_args):
+    inner, through = split(updates)
+    new_updates, state = tx.update(inner, state, params, **extra_args)
+    if not any(through):
+      return new_updates, state
+    leaves, treedef = jax.tree.flatten(updates)
+    merged = [g if t else u for g, u, t in zip(leaves, treedef.flatten_up_to(new_updates), through)]
+    return treedef.unflatten(merged), state
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
 def _metric_keys(compressor: Optional[core.Compressor], exchange: str = "all_gather") -> tuple[str, ...]:
@@ -283,7 +327,10 @@ def compress(
     skip: which tensors stay in float, as ``optax.masked``'s ``mask`` but
       inverted: a pytree of booleans (True = keep in float) with the
       gradients' structure or a prefix of it, or a callable taking the
-      gradients and returning one. See :func:`skip_by_path`.
+      gradients and returning one. See :func:`skip_by_path`. A non-float
+      leaf (an integer counter, the ``float0`` gradient of an integer
+      parameter) must be skipped: it then passes through untouched, neither
+      exchanged nor counted; otherwise it is a TypeError naming its path.
     min_size: tensors with fewer elements stay in float (QSGD §5 keeps tensors
       under 10K elements in float; 3LC §4.2 the small batch-norm tensors).
     seed: seeds the state's PRNG key.
@@ -479,7 +526,7 @@ def compress(
                for k, v in traced.items()}
     return state._replace(local=state.local._replace(metrics=metrics))
 
-  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+  return _pass_through_skipped_nonfloat(optax.GradientTransformationExtraArgs(init_fn, update_fn), skip, min_size)
 
 
 def _with_axes(fn: Callable[..., Any], axis_name: parallel.AxisName) -> Callable[..., Any]:
