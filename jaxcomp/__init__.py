@@ -45,6 +45,7 @@ from jaxcomp.compressors.natural import Natural, natural
 from jaxcomp.count import Count
 from jaxcomp.metrics import metrics
 from jaxcomp.transforms import CompressState, compress, path_str, skip_by_path
+from jaxcomp.wrappers import ApplyIfFiniteState, apply_if_finite, multi_steps
 
 __version__ = "0.1.0"
 
@@ -56,6 +57,10 @@ __all__ = [
     "path_str",
     "metrics",
     "Count",
+    # optax wrappers around a compressed chain
+    "multi_steps",
+    "apply_if_finite",
+    "ApplyIfFiniteState",
     # the compressors: optax transform factories ...
     "terngrad",
     "qsgd",

@@ -32,6 +32,7 @@ from typing import Any, Optional, Sequence, Union
 import jax
 import jax.numpy as jnp
 from jax import lax
+import optax
 
 from jaxcomp import core
 
@@ -277,6 +278,32 @@ def _is_local(x: Any) -> bool:
   return isinstance(x, core.WorkerLocal)
 
 
+# optax wrappers whose own state is per worker around a compression transform,
+# and what to use instead (jaxcomp.wrappers).
+_PER_WORKER_WRAPPERS = {
+    optax.MultiStepsState: (
+        "optax.MultiSteps accumulates each worker's own gradients (acc_grads) and runs the wrapped "
+        "chain, exchange included, on every mini-step; use jaxcomp.multi_steps(chain, k), which "
+        "accumulates locally and exchanges every k-th step"),
+    optax.ApplyIfFiniteState: (
+        "optax.apply_if_finite decides on each worker's own gradients, so a NaN on one worker "
+        "would skip the step there only; use jaxcomp.apply_if_finite(chain, n, axis_name=...), "
+        "which decides on every worker's gradients together"),
+}
+
+
+def _check_wrappers(state: Any) -> None:
+  """Raises if an optax wrapper with per-worker state of its own wraps a compression transform."""
+  kinds = tuple(_PER_WORKER_WRAPPERS)
+  found = jax.tree_util.tree_flatten_with_path(state, is_leaf=lambda x: isinstance(x, kinds))[0]
+  for path, x in found:
+    if isinstance(x, kinds) and any(map(_is_local, jax.tree.leaves(x, is_leaf=_is_local))):
+      raise ValueError(
+          f"opt_state{jax.tree_util.keystr(path)} is the state of an optax wrapper "
+          f"({type(x).__name__}) around a compression transform: its own state is per worker, which "
+          f"a state laid over workers cannot hold. {_PER_WORKER_WRAPPERS[type(x)]}.")
+
+
 def worker_axes(state: Any) -> Any:
   """``in_axes``/``out_axes`` for ``vmap``/``pmap`` of an optimizer state.
 
@@ -284,8 +311,11 @@ def worker_axes(state: Any) -> Any:
   counters) get ``0``; every other leaf (step counters, keys, momentum of the
   optimizer that follows) is the same on every worker and gets ``None``. A
   value that is marked ``None`` but differs between workers is an error JAX
-  reports, which keeps the replicas honest.
+  reports, which keeps the replicas honest. Raises a ValueError naming the
+  path of an ``optax.MultiSteps`` or ``optax.apply_if_finite`` state around a
+  compression transform (use :mod:`jaxcomp.wrappers` instead).
   """
+  _check_wrappers(state)
 
   def axes(x):
     if _is_local(x):
@@ -296,7 +326,8 @@ def worker_axes(state: Any) -> Any:
 
 
 def worker_specs(state: Any, axis: Union[str, tuple[str, ...]]) -> Any:
-  """``shard_map`` partition specs: worker-local leaves split over ``axis``."""
+  """``shard_map`` partition specs: worker-local leaves split over ``axis`` (checked as :func:`worker_axes`)."""
+  _check_wrappers(state)
   from jax.sharding import PartitionSpec as P
 
   def spec(x):
@@ -308,7 +339,8 @@ def worker_specs(state: Any, axis: Union[str, tuple[str, ...]]) -> Any:
 
 
 def replicate_workers(state: Any, num_workers: int) -> Any:
-  """Gives every worker-local leaf a leading axis of ``num_workers``."""
+  """Gives every worker-local leaf a leading axis of ``num_workers`` (checked as :func:`worker_axes`)."""
+  _check_wrappers(state)
   return _map_local(lambda a: jnp.broadcast_to(a, (num_workers,) + jnp.shape(a)), state)
 
 

@@ -124,6 +124,24 @@ def _traced(state: Any) -> Any:
   return _wire_counts(state, lambda c: c.traced())
 
 
+def replicated_cond(pred: jax.Array, true_fn, false_fn, *operands: Any) -> Any:
+  """``lax.cond(pred, true_fn, false_fn, *operands)`` for a ``pred`` identical on every worker.
+
+  The collectives in the branch taken run on every worker alike, so this works
+  under ``vmap``, ``pmap``, ``shard_map`` and their combinations. Under
+  ``shard_map`` both branches must also agree on which manual axes each output
+  varies over (a fresh mean is invarying, a carried worker-local leaf varying):
+  every output gets the union of both branches'.
+  """
+  varying = jax.tree.map(lambda a, b: _varying(a) | _varying(b),
+                         jax.eval_shape(true_fn, *operands), jax.eval_shape(false_fn, *operands))
+
+  def branch(fn):
+    return lambda *ops: jax.tree.map(_vary, fn(*ops), varying)
+
+  return lax.cond(pred, branch(true_fn), branch(false_fn), *operands)
+
+
 def local_steps(
     optimizer: optax.GradientTransformation,
     k: int = 2,
@@ -204,25 +222,13 @@ def local_steps(
     if k == 1:
       new_updates, acc, ex_state, opt_state = step(*operands)
     else:
-      # Under shard_map both branches must also agree on which manual axes each
-      # output varies over: the step branch's fresh counters are invarying, the
-      # carried ones varying. Every output gets the union of both.
-      out_types = jax.eval_shape(step, *operands)
-      varying = (
-          jax.tree.map(_varying, out_types[0]),
-          *jax.tree.map(lambda o, i: _varying(o) | _varying(i), out_types[1:], operands),
-      )
+      update_types = jax.eval_shape(step, *operands)[0]
 
       def wait(acc, ex_state, opt_state):
-        zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), out_types[0])
+        zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), update_types)
         return zeros, acc, _silence(ex_state), opt_state
 
-      def branch(fn):
-        return lambda *ops: jax.tree.map(_vary, fn(*ops), varying)
-
-      new_updates, acc, ex_state, opt_state = lax.cond(
-          state.mini_step == k - 1, branch(step), branch(wait), *operands
-      )
+      new_updates, acc, ex_state, opt_state = replicated_cond(state.mini_step == k - 1, step, wait, *operands)
     new_state = LocalStepsState(
         mini_step=(state.mini_step + 1) % k,
         local=core.WorkerLocal(residual=acc, metrics={}),
