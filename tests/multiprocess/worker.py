@@ -1,8 +1,11 @@
 """One process of the multi-process test: jax.distributed on localhost, gloo collectives.
 
-Usage: python worker.py PORT NUM_PROCESSES PROCESS_ID OUT.npz
-Runs two TernGrad exchange steps with jax.shard_map over a mesh of one CPU
-device per process, and saves the averaged updates.
+Usage: python worker.py PORT NUM_PROCESSES PROCESS_ID OUT.npz [CASE]
+Runs TernGrad exchange steps with jax.shard_map over a mesh of one CPU
+device per process, and saves the averaged updates. CASE (a key of
+cases.CASES) picks the transform and the steps: "terngrad" (default), two steps
+of the compressor alone; "wrappers", five steps of a chain inside
+jaxcomp.multi_steps and jaxcomp.apply_if_finite, with a NaN on worker 1 at step 2.
 """
 
 import sys
@@ -10,6 +13,7 @@ import sys
 import jax
 
 port, nproc, pid, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+case = sys.argv[5] if len(sys.argv) > 5 else "terngrad"
 jax.config.update("jax_cpu_collectives_implementation", "gloo")
 jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=nproc,
                            process_id=pid, local_device_ids=[0])
@@ -24,14 +28,11 @@ from jaxcomp import parallel  # noqa: E402
 assert jax.process_count() == nproc and len(jax.devices()) == nproc
 
 
-def grads(step):
-  """Every worker's gradients, identical in every process (each picks its own row)."""
-  k = jax.random.PRNGKey(100 + step)
-  return {"w": jax.random.normal(k, (nproc, 37, 11)), "b": jax.random.normal(k, (nproc, 11)) * 0.1}
+from cases import CASES  # noqa: E402  (this directory is on sys.path)
 
-
+make_tx, grads, steps = CASES[case](nproc)
 mesh = jax.make_mesh((nproc,), ("d",), axis_types=(jax.sharding.AxisType.Auto,))
-tx = jaxcomp.terngrad(axis_name="d")
+tx = make_tx("d")
 params = {"w": jnp.zeros((37, 11)), "b": jnp.zeros((11,))}
 state = parallel.replicate_workers(tx.init(params), nproc)
 specs = parallel.worker_specs(state, "d")
@@ -53,7 +54,7 @@ def globalize(tree, spec_tree):
 
 state = globalize(state, specs)
 outs = {}
-for t in range(2):
+for t in range(steps):
   g = globalize(grads(t), jax.tree.map(lambda _: P("d"), grads(t)))
   upd, state = step(g, state)
   for k, v in upd.items():
