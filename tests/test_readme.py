@@ -25,8 +25,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
 
 
-def _blocks(lang):
-  return re.findall(rf"^```{lang}\n(.*?)^```", README, flags=re.S | re.M)
+def _blocks(lang, text=README):
+  return re.findall(rf"^```{lang}\n(.*?)^```", text, flags=re.S | re.M)
 
 
 def _section(title):
@@ -36,9 +36,8 @@ def _section(title):
   return m.group(1)
 
 
-def test_readme_python_blocks_run_as_one_program(tmp_path):
-  blocks = _blocks("python")
-  assert len(blocks) >= 2, "the Use example and the shard_map example"
+def _run(blocks, tmp_path):
+  """Runs ``blocks`` as one program in a fresh interpreter (8 host devices); returns what it printed."""
   program = tmp_path / "readme_program.py"
   program.write_text("\n".join(blocks))
   env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu",
@@ -46,6 +45,13 @@ def test_readme_python_blocks_run_as_one_program(tmp_path):
   out = subprocess.run([sys.executable, str(program)], cwd=tmp_path, env=env, capture_output=True,
                        text=True, timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]
+  return out
+
+
+def test_readme_python_blocks_run_as_one_program(tmp_path):
+  blocks = _blocks("python")
+  assert len(blocks) >= 2, "the Use example and the shard_map example"
+  out = _run(blocks, tmp_path)
   lines = out.stdout.strip().splitlines()
   # The vmap example: the toy task is learnt and the wire is about 16x smaller (2-bit codes).
   m = re.match(r"loss ([\d.]+), (\d+) bytes on the wire instead of (\d+) \(([\d.]+)x\)", lines[0])
@@ -56,6 +62,27 @@ def test_readme_python_blocks_run_as_one_program(tmp_path):
   # The shard_map example, over the 8 devices: the same wire format, so the same ratio.
   m = re.match(r"([\d.]+)x over (\d+) devices", lines[1])
   assert m and int(m[2]) == 8 and float(m[1]) == pytest.approx(ratio, abs=0.05), out.stdout
+
+
+def test_nnx_and_wrapper_sections_run(tmp_path):
+  # The first Use block (which they build on), then the blocks of these subsections only.
+  use = _section("Use")
+  blocks = _blocks("python", use)[:1] + _blocks("python", use.split("### Flax NNX\n", 1)[1])
+  assert len(blocks) == 4, "the Use example, NNX under vmap and shard_map, multi_steps"
+  out = _run(blocks, tmp_path)
+  lines = out.stdout.strip().splitlines()[1:]  # after the Use example's line
+  # NNX under vmap learns the toy task (chance is log 10) ...
+  m = re.fullmatch(r"nnx vmap: loss ([\d.]+)", lines[0])
+  assert m and float(m[1]) < 0.5 * np.log(10), out.stdout
+  # ... and shard_map over 8 devices gives the same parameters: within 1e-7 for the first 60 steps;
+  # later a rounding difference can flip one of TernGrad's random draws (a change of about 1e-3).
+  # Gradients summed over devices instead of per worker would be off by about 1.
+  m = re.search(r"nnx shard_map: largest difference from vmap ([\d.e+-]+)", lines[1])
+  assert m and float(m[1]) < 1e-2, out.stdout
+  # multi_steps(tx, 4): bytes on the 4th and 8th steps only, the same both times.
+  m = re.fullmatch(r"multi_steps: bytes on the wire per step \[([\d, ]+)\]", lines[2])
+  wire = [int(v) for v in m[1].split(",")] if m else None
+  assert wire and wire[3] == wire[7] > 0 and wire[:3] == wire[4:7] == [0, 0, 0], out.stdout
 
 
 def test_readme_compressor_list_is_the_registry():
