@@ -95,6 +95,11 @@ def test_apply_if_finite_state_and_giving_up():
   # max_consecutive_errors=0: the first bad step already goes through (as optax), as NaN on every worker.
   assert np.isnan(upd["b"]).all() and int(state.total_notfinite) == 1 and not bool(state.last_finite)
   assert float(jaxcomp.metrics(state)["nonfinite_tensors"]) == 1
+  # One worker (no axis): a bad step is skipped, and no flag crosses a wire.
+  tx = jaxcomp.apply_if_finite(_chain(None), 2)
+  upd, state = tx.update(jax.tree.map(lambda a: a[1], g), tx.init(PARAMS), PARAMS)
+  assert all(not np.any(u) for u in jax.tree.leaves(upd)) and int(state.notfinite_count) == 1
+  assert float(jaxcomp.metrics(state)["bytes_on_wire"]) == 0
 
 
 @pytest.mark.parametrize("wrap", [lambda c: optax.MultiSteps(c, 2), lambda c: optax.apply_if_finite(c, 2)])
