@@ -562,12 +562,17 @@ def skip_by_path(predicate: Callable[[str], bool]) -> Callable[[Any], Any]:
 
 def path_str(path) -> str:
   """``/``-joined names of a ``jax.tree_util`` key path."""
+  return "/".join(str(part) for part in key_names(path))
+
+
+def key_names(path) -> tuple[Any, ...]:
+  """The names and indices of a ``jax.tree_util`` key path (as Flax NNX writes paths)."""
   parts = []
   for k in path:
     for attr in ("key", "name", "idx"):
       if hasattr(k, attr):
-        parts.append(str(getattr(k, attr)))
+        parts.append(getattr(k, attr))
         break
     else:
       parts.append(str(k))
-  return "/".join(parts)
+  return tuple(parts)
