@@ -64,7 +64,7 @@ def test_readme_python_blocks_run_as_one_program(tmp_path):
   assert m and int(m[2]) == 8 and float(m[1]) == pytest.approx(ratio, abs=0.05), out.stdout
 
 
-def test_nnx_and_wrapper_sections_run(tmp_path):
+def test_readme_nnx_and_wrapper_blocks_run(tmp_path):
   # The first Use block (which they build on), then the blocks of these subsections only.
   use = _section("Use")
   blocks = _blocks("python", use)[:1] + _blocks("python", use.split("### Flax NNX\n", 1)[1])
