@@ -68,7 +68,7 @@ REFERENCE_METRICS = ("float32_bytes", "compressed_float32_bytes")
 # jaxcomp.compress's own arguments, which every registered transform accepts: the float
 # exchange takes them too (they change nothing there), so callers that pass them to any
 # compressor (experiments.train.make_tx, through make_optimizer) can build local steps.
-FLOAT_EXCHANGE_KWARGS = ("seed", "skip", "min_size", "nonfinite")
+FLOAT_EXCHANGE_KWARGS = ("seed", "skip", "min_size", "nonfinite", "bucket_bytes")
 
 
 class LocalStepsState(NamedTuple):
@@ -82,20 +82,6 @@ class LocalStepsState(NamedTuple):
 
 def _is_local(x: Any) -> bool:
   return isinstance(x, core.WorkerLocal)
-
-
-def _varying(x: Any) -> frozenset:
-  """The manual (``shard_map``) axes ``x`` varies over; empty outside ``shard_map``."""
-  mat = getattr(x, "manual_axis_type", None)  # a ShapeDtypeStruct
-  if mat is None:
-    mat = getattr(jax.typeof(x), "manual_axis_type", None)
-  return frozenset(getattr(mat, "varying", None) or ())
-
-
-def _vary(x: Any, axes: frozenset) -> Any:
-  """``x`` marked as varying over ``axes`` (a no-op where it already is)."""
-  missing = tuple(sorted(axes - _varying(x)))
-  return lax.pcast(x, missing, to="varying") if missing else x
 
 
 def _wire_counts(state: Any, fn) -> Any:
@@ -209,8 +195,8 @@ def local_steps(
       # carried ones varying. Every output gets the union of both.
       out_types = jax.eval_shape(step, *operands)
       varying = (
-          jax.tree.map(_varying, out_types[0]),
-          *jax.tree.map(lambda o, i: _varying(o) | _varying(i), out_types[1:], operands),
+          jax.tree.map(parallel.varying_axes, out_types[0]),
+          *jax.tree.map(lambda o, i: parallel.varying_axes(o) | parallel.varying_axes(i), out_types[1:], operands),
       )
 
       def wait(acc, ex_state, opt_state):
@@ -218,7 +204,7 @@ def local_steps(
         return zeros, acc, _silence(ex_state), opt_state
 
       def branch(fn):
-        return lambda *ops: jax.tree.map(_vary, fn(*ops), varying)
+        return lambda *ops: jax.tree.map(parallel.vary_over, fn(*ops), varying)
 
       new_updates, acc, ex_state, opt_state = lax.cond(
           state.mini_step == k - 1, branch(step), branch(wait), *operands

@@ -2,7 +2,8 @@
 
 Usage: python worker.py PORT NUM_PROCESSES PROCESS_ID OUT.npz
 Runs two TernGrad exchange steps with jax.shard_map over a mesh of one CPU
-device per process, and saves the averaged updates.
+device per process, and two int8 steps with and without buckets (with error
+feedback, so the residuals are compared too), and saves the averaged updates.
 """
 
 import sys
@@ -31,18 +32,7 @@ def grads(step):
 
 
 mesh = jax.make_mesh((nproc,), ("d",), axis_types=(jax.sharding.AxisType.Auto,))
-tx = jaxcomp.terngrad(axis_name="d")
 params = {"w": jnp.zeros((37, 11)), "b": jnp.zeros((11,))}
-state = parallel.replicate_workers(tx.init(params), nproc)
-specs = parallel.worker_specs(state, "d")
-
-
-def per_device(g, s):
-  upd, s2 = tx.update(jax.tree.map(lambda a: a[0], g), parallel.worker_slice(s, 0))
-  return upd, parallel.expand_workers(s2)
-
-
-step = jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=(P("d"), specs), out_specs=(P(), specs)))
 
 
 def globalize(tree, spec_tree):
@@ -51,12 +41,32 @@ def globalize(tree, spec_tree):
       tree, spec_tree)
 
 
-state = globalize(state, specs)
-outs = {}
-for t in range(2):
-  g = globalize(grads(t), jax.tree.map(lambda _: P("d"), grads(t)))
-  upd, state = step(g, state)
-  for k, v in upd.items():
-    outs[f"{k}{t}"] = np.asarray(v.addressable_data(0))
+def run(tx, prefix):
+  """Two exchange steps; the averaged updates under ``prefix + name + step``, and the final residuals."""
+  state = parallel.replicate_workers(tx.init(params), nproc)
+  specs = parallel.worker_specs(state, "d")
+
+  def per_device(g, s):
+    upd, s2 = tx.update(jax.tree.map(lambda a: a[0], g), parallel.worker_slice(s, 0))
+    return upd, parallel.expand_workers(s2)
+
+  step = jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=(P("d"), specs), out_specs=(P(), specs)))
+  state = globalize(state, specs)
+  got = {}
+  for t in range(2):
+    g = globalize(grads(t), jax.tree.map(lambda _: P("d"), grads(t)))
+    upd, state = step(g, state)
+    for k, v in upd.items():
+      got[f"{prefix}{k}{t}"] = np.asarray(v.addressable_data(0))
+  for k, v in state.local.residual.items():
+    if hasattr(v, "addressable_data"):  # TernGrad keeps none
+      got[f"{prefix}residual_{k}"] = np.asarray(v.addressable_data(0))
+  return got
+
+
+# The default (one bucket: both tensors' rounds fused) and the per-tensor exchange.
+outs = {**run(jaxcomp.terngrad(axis_name="d"), ""),
+        **run(jaxcomp.int8(axis_name="d", bucket_bytes=0), "int8_per_tensor_"),
+        **run(jaxcomp.int8(axis_name="d"), "int8_bucketed_")}
 np.savez(out, **outs)
 jax.distributed.shutdown()
