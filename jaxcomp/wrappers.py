@@ -41,7 +41,7 @@ import optax
 
 from jaxcomp import core
 from jaxcomp import parallel
-from jaxcomp.compressors.local_steps import _silence, _traced, local_steps, replicated_cond
+from jaxcomp.compressors.local_steps import _silence, _traced, local_steps
 from jaxcomp.count import Count
 
 
@@ -153,7 +153,7 @@ def apply_if_finite(
       del updates
       return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), update_types), _silence(inner_state)
 
-    new_updates, inner_state = replicated_cond(
+    new_updates, inner_state = parallel.replicated_cond(
         isfinite | (notfinite_count > max_consecutive_errors), run, skip, updates, state.inner_state)
     new_state = ApplyIfFiniteState(
         notfinite_count=notfinite_count,

@@ -55,7 +55,6 @@ from typing import Any, NamedTuple, Union
 import jax
 import jax.numpy as jnp
 import optax
-from jax import lax
 
 from jaxcomp import core
 from jaxcomp import parallel
@@ -68,7 +67,7 @@ REFERENCE_METRICS = ("float32_bytes", "compressed_float32_bytes")
 # jaxcomp.compress's own arguments, which every registered transform accepts: the float
 # exchange takes them too (they change nothing there), so callers that pass them to any
 # compressor (experiments.train.make_tx, through make_optimizer) can build local steps.
-FLOAT_EXCHANGE_KWARGS = ("seed", "skip", "min_size", "nonfinite")
+FLOAT_EXCHANGE_KWARGS = ("seed", "skip", "min_size", "nonfinite", "bucket_bytes")
 
 
 class LocalStepsState(NamedTuple):
@@ -82,20 +81,6 @@ class LocalStepsState(NamedTuple):
 
 def _is_local(x: Any) -> bool:
   return isinstance(x, core.WorkerLocal)
-
-
-def _varying(x: Any) -> frozenset:
-  """The manual (``shard_map``) axes ``x`` varies over; empty outside ``shard_map``."""
-  mat = getattr(x, "manual_axis_type", None)  # a ShapeDtypeStruct
-  if mat is None:
-    mat = getattr(jax.typeof(x), "manual_axis_type", None)
-  return frozenset(getattr(mat, "varying", None) or ())
-
-
-def _vary(x: Any, axes: frozenset) -> Any:
-  """``x`` marked as varying over ``axes`` (a no-op where it already is)."""
-  missing = tuple(sorted(axes - _varying(x)))
-  return lax.pcast(x, missing, to="varying") if missing else x
 
 
 def _wire_counts(state: Any, fn) -> Any:
@@ -122,24 +107,6 @@ def _silence(state: Any) -> Any:
 def _traced(state: Any) -> Any:
   """``state`` with every wire counter in its traced form (same values)."""
   return _wire_counts(state, lambda c: c.traced())
-
-
-def replicated_cond(pred: jax.Array, true_fn, false_fn, *operands: Any) -> Any:
-  """``lax.cond(pred, true_fn, false_fn, *operands)`` for a ``pred`` identical on every worker.
-
-  The collectives in the branch taken run on every worker alike, so this works
-  under ``vmap``, ``pmap``, ``shard_map`` and their combinations. Under
-  ``shard_map`` both branches must also agree on which manual axes each output
-  varies over (a fresh mean is invarying, a carried worker-local leaf varying):
-  every output gets the union of both branches'.
-  """
-  varying = jax.tree.map(lambda a, b: _varying(a) | _varying(b),
-                         jax.eval_shape(true_fn, *operands), jax.eval_shape(false_fn, *operands))
-
-  def branch(fn):
-    return lambda *ops: jax.tree.map(_vary, fn(*ops), varying)
-
-  return lax.cond(pred, branch(true_fn), branch(false_fn), *operands)
 
 
 def local_steps(
@@ -228,7 +195,7 @@ def local_steps(
         zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), update_types)
         return zeros, acc, _silence(ex_state), opt_state
 
-      new_updates, acc, ex_state, opt_state = replicated_cond(state.mini_step == k - 1, step, wait, *operands)
+      new_updates, acc, ex_state, opt_state = parallel.replicated_cond(state.mini_step == k - 1, step, wait, *operands)
     new_state = LocalStepsState(
         mini_step=(state.mini_step + 1) % k,
         local=core.WorkerLocal(residual=acc, metrics={}),

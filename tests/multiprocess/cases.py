@@ -1,6 +1,7 @@
 """The multi-process test's cases, shared by the worker processes and the vmap reference.
 
 CASES[name](num_workers) -> (make_tx(axis_name), grads(step) with a leading worker axis, steps).
+ALSO[name]: more transforms the worker runs on the same gradients, by the prefix of their outputs.
 """
 
 import jax
@@ -32,4 +33,12 @@ CASES = {
     "terngrad": lambda n: (lambda axis: jaxcomp.terngrad(axis_name=axis), _grads(n), 2),
     # Exchanges at steps 1 and 4 (step 2 is skipped everywhere, so multi_steps does not count it).
     "wrappers": lambda n: (_wrapped, _grads(n, nan_at=2), 5),
+}
+
+# Buckets across processes: int8 (with error feedback, so residuals too) per tensor and bucketed.
+ALSO = {
+    "terngrad": {
+        "int8_per_tensor_": lambda axis: jaxcomp.int8(axis_name=axis, bucket_bytes=0),
+        "int8_bucketed_": lambda axis: jaxcomp.int8(axis_name=axis),
+    },
 }
