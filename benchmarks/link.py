@@ -1,7 +1,8 @@
 r"""Exchange time over emulated links: one jitted ``shard_map``'d ``tx.update`` at P processes.
 
 Every process (one CPU device each) holds one worker's gradient, a float32
-vector of ``--n`` values (normal, seeded by rank), and calls the jitted
+vector of ``--n`` values or, with ``--models``, a tree of the shapes of a
+model's parameters (normal values, seeded by rank), and calls the jitted
 exchange ``tx.update`` of each method: quantize, the collective across the
 processes (gloo over TCP), decode, average, residual update. With
 ``--link RATE`` the processes run in their own network namespaces joined by
@@ -13,6 +14,8 @@ Usage::
   sudo .venv/bin/python -m benchmarks.link --processes 2 --link 100mbit \
       --n 431000,8000000 --methods none,terngrad,threelc:sparsity=1.75:capacity=0.5 \
       --trials 5 [--json out.json]
+  sudo .venv/bin/python -m benchmarks.link --processes 2 --link 100mbit \
+      --models resnet110 --methods none,terngrad,terngrad:bucket_bytes=0
   .venv/bin/python -m benchmarks.link --report out1.json out2.json ... [--plot link.png]
 
 A method is a registry name with optional ``:key=value`` arguments for its
@@ -24,8 +27,10 @@ divided by the wire ratio) and, with ``--plot``, a figure.
 Without ``--link`` the processes talk over loopback (no root needed). The
 command re-runs itself under ``experiments.launch``; rank 0 prints one JSON
 document: per method the median and minimum of ``--trials`` timed calls (after
-``--warmup`` untimed ones, the first of which compiles) and
-``bytes_on_wire`` per worker per step (``jaxcomp.metrics``).
+``--warmup`` untimed ones, the first of which compiles),
+``bytes_on_wire`` per worker per step (``jaxcomp.metrics``) and the
+collectives in the compiled step (all-gathers, all-reduces, all-to-alls and
+the rest, branches of a ``lax.cond`` included).
 """
 
 from __future__ import annotations
@@ -46,6 +51,9 @@ def _parse(argv):
   p.add_argument("--n", type=_sizes, default=None,
                  help="float32 values per worker (default 8,000,000); a comma-separated list runs "
                       "each size; with --report, only these sizes are shown")
+  p.add_argument("--models", default=None,
+                 help="comma-separated jaxcomp.models names: exchange a gradient tree of each "
+                      "model's parameter shapes instead of --n flat values")
   p.add_argument("--methods", default="none,terngrad,threelc",
                  help="comma-separated jaxcomp compressor names (none: float pmean)")
   p.add_argument("--trials", type=int, default=5)
@@ -58,7 +66,11 @@ def _parse(argv):
   args = p.parse_args(argv)
   if args.report:
     return args
-  args.n = args.n or [8_000_000]
+  if args.models and args.n:
+    p.error("--n and --models exclude each other")
+  args.models = args.models.split(",") if args.models else []
+  if not args.models:
+    args.n = args.n or [8_000_000]
   for method in args.methods.split(","):
     try:
       name, _ = method_spec(method)
@@ -67,7 +79,7 @@ def _parse(argv):
     if name not in _registry():
       p.error(f"{name!r} wraps the optimizer; it has no exchange of its own to time here "
               "(time its training steps with benchmarks.train_step_link)")
-  if min(args.n) < 1 or args.trials < 1 or args.warmup < 1 or args.processes < 1:
+  if (args.n and min(args.n) < 1) or args.trials < 1 or args.warmup < 1 or args.processes < 1:
     p.error("--n, --trials, --warmup (it compiles) and --processes must be at least 1")
   return args
 
@@ -114,7 +126,39 @@ def launch_self(args, argv, module: str = "benchmarks.link") -> int:
   return launch.main(own + ["--", "-m", module, "--worker"] + list(argv))
 
 
-def _build(method, n, mesh):
+def model_shapes(name: str) -> dict:
+  """The parameter tree of model ``name`` as ``ShapeDtypeStruct`` s (``jax.eval_shape``: no memory)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from jaxcomp import models  # pylint: disable=g-import-not-at-top
+  model = models.get_model(name, num_classes=1000 if name in ("alexnet", "googlenet") else 10)
+  x = jax.ShapeDtypeStruct((1,) + models.input_shape(name), jnp.float32)
+  return jax.eval_shape(lambda x: model.init(jax.random.PRNGKey(0), x), x)["params"]
+
+
+def _workload(n, mesh, rank):
+  """``(label, shapes, g)``: a flat vector of ``n`` values, or a model's gradient tree (``n`` a name)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from jax.sharding import NamedSharding, PartitionSpec as P  # pylint: disable=g-import-not-at-top
+  shapes = model_shapes(n) if isinstance(n, str) else {"g": jax.ShapeDtypeStruct((n,), np.float32)}
+  rng = np.random.default_rng(rank)
+  g = jax.tree.map(lambda s: jax.make_array_from_process_local_data(
+      NamedSharding(mesh, P("d")), rng.standard_normal((1,) + s.shape, dtype=np.float32)), shapes)
+  return shapes, g
+
+
+def collectives(compiled_text: str) -> dict:
+  """Collective ops in a compiled program's HLO text, by kind (``-start`` forms counted once)."""
+  import re  # pylint: disable=g-import-not-at-top
+  counts = {}
+  for kind in re.findall(r"= [^=]*? (all-gather|all-reduce|all-to-all|collective-permute|reduce-scatter)"
+                         r"(?:-start)?\(", compiled_text):
+    counts[kind] = counts.get(kind, 0) + 1
+  return counts
+
+
+def _build(method, shapes, mesh):
   """``(step, state)``: the jitted exchange of ``method`` over the mesh and its initial state."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
@@ -125,13 +169,13 @@ def _build(method, n, mesh):
   nproc = mesh.devices.size
   name, kwargs = method_spec(method)
   tx = jaxcomp.get_transform(name, axis_name="d", **kwargs)
-  state = parallel.replicate_workers(tx.init({"g": jnp.zeros((n,), jnp.float32)}), nproc)
+  state = parallel.replicate_workers(tx.init(jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)), nproc)
   specs = parallel.worker_specs(state, "d")
 
   def per_device(g, s):  # one worker per device: drop its worker axis of size 1, then restore it
-    upd, s2 = tx.update({"g": g[0]}, parallel.worker_slice(s, 0))
+    upd, s2 = tx.update(jax.tree.map(lambda a: a[0], g), parallel.worker_slice(s, 0))
     wire = jaxcomp.metrics(s2)["bytes_on_wire"].traced()  # this worker's, per step, exact
-    return upd["g"], jnp.stack([wire.hi, wire.lo])[None], parallel.expand_workers(s2)
+    return upd, jnp.stack([wire.hi, wire.lo])[None], parallel.expand_workers(s2)
 
   step = jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=(P("d"), specs),
                                out_specs=(P(), P("d"), specs)), donate_argnums=(1,))
@@ -147,11 +191,12 @@ def _words_to_int(words) -> int:
   return hi * 2**32 + lo
 
 
-def _time_method(method, n, mesh, g, args) -> dict:
-  """One method at one size: ``--warmup`` untimed calls, then ``--trials`` timed ones."""
+def _time_method(method, n, shapes, mesh, g, args) -> dict:
+  """One method on one workload: ``--warmup`` untimed calls, then ``--trials`` timed ones."""
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
-  step, state = _build(method, n, mesh)
+  step, state = _build(method, shapes, mesh)
+  ops = collectives(step.lower(g, state).compile().as_text())
   for _ in range(args.warmup):
     upd, wire, state = step(g, state)
     jax.block_until_ready(upd)
@@ -161,8 +206,11 @@ def _time_method(method, n, mesh, g, args) -> dict:
     upd, wire, state = step(g, state)
     jax.block_until_ready(upd)
     times.append(time.perf_counter() - t0)
-  return {"method": method, "n": n, "median_s": statistics.median(times), "min_s": min(times),
-          "times_s": times, "bytes_on_wire": _words_to_int(np.asarray(wire.addressable_data(0))[0])}
+  size = sum(int(np.prod(s.shape)) for s in jax.tree.leaves(shapes))
+  return {"method": method, "n": size, **({"model": n} if isinstance(n, str) else {}),
+          "tensors": len(jax.tree.leaves(shapes)), "median_s": statistics.median(times),
+          "min_s": min(times), "times_s": times, "collectives": ops,
+          "bytes_on_wire": _words_to_int(np.asarray(wire.addressable_data(0))[0])}
 
 
 def _latency(mesh, calls: int = 30) -> float:
@@ -188,8 +236,6 @@ def worker(args) -> int:
   if not distributed.initialize_from_env():
     raise SystemExit("benchmarks.link --worker runs under experiments.launch")
   import jax  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  from jax.sharding import NamedSharding, PartitionSpec as P  # pylint: disable=g-import-not-at-top
 
   if jax.local_device_count() != 1:
     raise SystemExit(f"one CPU device per process expected, got {jax.local_device_count()} "
@@ -198,15 +244,15 @@ def worker(args) -> int:
   mesh = jax.make_mesh((jax.device_count(),), ("d",), axis_types=(jax.sharding.AxisType.Auto,))
   latency = _latency(mesh)
   results = []
-  for n in args.n:
-    local = np.random.default_rng(rank).standard_normal((1, n), dtype=np.float32)
-    g = jax.make_array_from_process_local_data(NamedSharding(mesh, P("d")), local)
+  for n in args.models or args.n:
+    shapes, g = _workload(n, mesh, rank)
     for method in args.methods.split(","):
-      results.append(_time_method(method, n, mesh, g, args))
+      results.append(_time_method(method, n, shapes, mesh, g, args))
       if rank == 0:
         r = results[-1]
-        print(f"n={n:,} {method}: median {r['median_s']:.3f} s over {args.trials} calls, "
-              f"{r['bytes_on_wire']:,} bytes on the wire per worker", flush=True)
+        print(f"{n if isinstance(n, str) else f'n={n:,}'} {method}: median {r['median_s']:.3f} s "
+              f"over {args.trials} calls, {r['bytes_on_wire']:,} bytes on the wire per worker, "
+              f"collectives {r['collectives']}", flush=True)
   return finish("link", results, args.json, latency_s=latency, trials=args.trials, warmup=args.warmup)
 
 
@@ -261,8 +307,8 @@ def table_rows(docs):
   for doc in docs:
     by_n = {}
     for r in doc["results"]:
-      by_n.setdefault(r["n"], []).append(r)
-    for n, results in sorted(by_n.items()):
+      by_n.setdefault((r.get("model", ""), r["n"]), []).append(r)
+    for (_, n), results in sorted(by_n.items()):
       base = next((r for r in results if r["method"] == "none"), None)
       for r in results:
         speedup = base["median_s"] / r["median_s"] if base else None

@@ -12,13 +12,15 @@ reports the bytes that crossed the wire.
 The public API is ``__all__``: the transform and its metrics, the
 compressors (a factory and a class each), the registry configs pick them
 from, and the modules ``core`` (the compressor protocol), ``parallel``
-(collectives, laying states over workers), ``rng``, ``codecs`` and
+(collectives, laying states over workers), ``flax_nnx`` (laying an
+``nnx.Optimizer``'s state over workers), ``rng``, ``codecs`` and
 ``models``. Each thing has one public name: the compressor classes are
 ``jaxcomp.TernGrad`` etc., not ``jaxcomp.compressors.TernGrad``.
 """
 
 from jaxcomp import codecs
 from jaxcomp import core
+from jaxcomp import flax_nnx
 from jaxcomp import models
 from jaxcomp import parallel
 from jaxcomp import rng
@@ -45,6 +47,7 @@ from jaxcomp.compressors.natural import Natural, natural
 from jaxcomp.count import Count
 from jaxcomp.metrics import metrics
 from jaxcomp.transforms import CompressState, compress, path_str, skip_by_path
+from jaxcomp.wrappers import ApplyIfFiniteState, apply_if_finite, multi_steps
 
 __version__ = "0.1.0"
 
@@ -56,6 +59,10 @@ __all__ = [
     "path_str",
     "metrics",
     "Count",
+    # optax wrappers around a compressed chain
+    "multi_steps",
+    "apply_if_finite",
+    "ApplyIfFiniteState",
     # the compressors: optax transform factories ...
     "terngrad",
     "qsgd",
@@ -106,4 +113,5 @@ __all__ = [
     "rng",
     "codecs",
     "models",
+    "flax_nnx",
 ]

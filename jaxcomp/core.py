@@ -167,14 +167,42 @@ class Compressor:
   def exchange(self, x: jax.Array, key: jax.Array, axis_name: Any, state: Any) -> "Exchanged":
     """A whole exchange, for compressors with ``custom_exchange = True``.
 
-    Must use only :mod:`jaxcomp.parallel` collectives over ``axis_name``
-    (which may be ``None``: one worker) and return an :class:`Exchanged`.
+    Either a generator that yields a :class:`Message` per collective round and
+    returns an :class:`Exchanged` (then its rounds are fused with the other
+    tensors' in a bucket), or a plain function that calls
+    :mod:`jaxcomp.parallel` collectives over ``axis_name`` itself and returns
+    an :class:`Exchanged` (then it runs on its own). ``axis_name`` may be
+    ``None``: one worker.
     """
     raise NotImplementedError
 
   def validate(self, shape: Shape, dtype: Any) -> None:
     """Raises a clear error if this compressor cannot handle such a tensor."""
     del shape, dtype
+
+
+class Message(NamedTuple):
+  """One collective an exchange asks for: what it sends and how the workers combine it.
+
+  Exchanges are written as generators that ``yield`` messages and receive the
+  collective's result back (``gathered = yield Message("gather", payload)``);
+  the transport (:func:`jaxcomp.parallel.run`, one tensor at a time, or
+  :func:`jaxcomp.buckets.run`, a bucket's tensors in lockstep with one fused
+  collective per kind) decides how they travel. The result is the same
+  either way, bit for bit: every kind acts element by element.
+
+  Kinds:
+    ``"gather"``: every array with a new leading worker axis (``all_gather``);
+    ``"max"``, ``"sum"``, ``"mean"``: the elementwise reduction over workers;
+    ``"all_to_all"``: arrays whose leading axis (of size N) is indexed by
+    destination come back indexed by source.
+  """
+
+  kind: str
+  tree: Any
+
+
+MESSAGE_KINDS = ("gather", "max", "sum", "mean", "all_to_all")
 
 
 class Exchanged(NamedTuple):

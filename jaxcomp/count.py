@@ -101,6 +101,17 @@ class Count:
     t = self.traced()
     return Count(hi=jnp.zeros_like(t.hi), lo=jnp.zeros_like(t.lo))
 
+  def sum(self) -> "Count":
+    """The sum over every array axis (workers), exact.
+
+    The static part is the same on every worker and counts once per worker.
+    A count with no traced part has no worker axis: it is returned as is.
+    """
+    if self.is_static or self.lo.ndim == 0:
+      return self
+    mean = self.mean()
+    return Count(static=self.static * self.lo.size, hi=mean.hi, lo=mean.lo, per=self.per)
+
   def mean(self) -> "Count":
     """The mean over every array axis (workers), exact: the traced parts are summed and ``per`` grows.
 
@@ -176,6 +187,7 @@ class Count:
   def __repr__(self) -> str:
     if self.is_static:
       return f"Count({self.static})"
-    if isinstance(self.lo, jax.core.Tracer) or np.ndim(self.lo):
+    concrete = isinstance(self.lo, (np.ndarray, np.generic, jax.Array)) and not isinstance(self.lo, jax.core.Tracer)
+    if not concrete or np.ndim(self.lo):  # traced, abstract (jax.eval_shape) or laid over workers
       return f"Count(static={self.static}, traced uint32 words of shape {np.shape(self.lo)}, per={self.per})"
     return f"Count({self.value()})"

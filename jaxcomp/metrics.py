@@ -10,6 +10,9 @@ import jax.numpy as jnp
 from jaxcomp import core
 from jaxcomp.count import Count
 
+# Counters reported as a sum over workers (the others are a mean: per worker).
+SUMMED_OVER_WORKERS = ("nonfinite_tensors",)
+
 
 def metrics(opt_state: Any) -> dict[str, Union[Count, jax.Array]]:
   """The wire metrics of the last update, whatever the state's layout.
@@ -17,7 +20,8 @@ def metrics(opt_state: Any) -> dict[str, Union[Count, jax.Array]]:
   Finds every compression transform's counters in ``opt_state`` (a chain, a
   ``masked`` or nested states) and sums them. Counters with a leading worker
   axis (a state laid over workers with :func:`jaxcomp.parallel.replicate_workers`)
-  are averaged over workers, so the figures are per worker per step.
+  are averaged over workers, so the figures are per worker per step (except
+  ``nonfinite_tensors``, a sum over workers).
 
   Keys (bytes are per worker, for the last update):
 
@@ -30,7 +34,10 @@ def metrics(opt_state: Any) -> dict[str, Union[Count, jax.Array]]:
   * ``float_bytes``: bytes of the tensors left in float (skipped).
   * ``encoded_bytes``: like ``bytes_on_wire`` but with the exact size of
     variable-length encodings (zero-run, Elias) where a compressor has one.
-  * ``nonfinite_tensors``: tensors that held NaN/Inf in the last update.
+  * ``nonfinite_tensors``: the tensors that held NaN/Inf in the last update,
+    **summed over workers** (unlike the bytes): 2 when one worker had two
+    bad tensors, whatever the number of workers; a tensor bad on 3 workers
+    counts 3. 0 exactly when every worker's input was finite.
   * ``received_bytes`` (transforms with ``exchange="two_phase"`` or
     ``"auto"``): bytes that arrive at this worker from the others:
     exact for all-gathers and all-to-alls (``(N − 1)·P`` for the default
@@ -51,23 +58,49 @@ def metrics(opt_state: Any) -> dict[str, Union[Count, jax.Array]]:
   through ``jit`` as a pytree); the two ratios are float32 arrays. Works
   under ``jit``.
 
-  Returns an empty dict if the state holds no compression transform.
+  Raises a ValueError if the state holds no compression transform, or holds
+  one that lost its structure (a checkpoint restored without a target, where
+  NamedTuples come back as lists and dicts).
   """
   found = [
       x.metrics
       for x in jax.tree.leaves(opt_state, is_leaf=lambda x: isinstance(x, core.WorkerLocal))
       if isinstance(x, core.WorkerLocal)
   ]
-  if not found:
-    return {}
   out: dict[str, Any] = {}
   for m in found:
     for k, v in m.items():
-      v = v.mean()
+      v = v.sum() if k in SUMMED_OVER_WORKERS else v.mean()
       out[k] = out[k] + v if k in out else v
+  if "float32_bytes" not in out:
+    _explain_missing(opt_state)
   out["compression_ratio"] = _ratio(out["float32_bytes"], out["bytes_on_wire"])
   out["compressed_ratio"] = _ratio(out["compressed_float32_bytes"], out["compressed_bytes_on_wire"])
   return out
+
+
+def _explain_missing(opt_state: Any) -> None:
+  """Raises the ValueError that says why ``opt_state`` has no metrics."""
+  if _has_plain_worker_local(opt_state):
+    raise ValueError(
+        "opt_state holds a compression state that lost its structure (a dict with 'residual' and "
+        "'metrics' where a jaxcomp.core.WorkerLocal belongs), as a checkpoint restored without a target "
+        "does: NamedTuples come back as lists and dicts, and the counts' static parts are gone. "
+        "Restore with the state's structure, e.g. orbax's "
+        "args=ocp.args.StandardRestore(abstract_state), with abstract_state laid out as the saved state: "
+        "jax.eval_shape(lambda: jaxcomp.parallel.replicate_workers(tx.init(params), num_workers)).")
+  raise ValueError(
+      f"opt_state ({type(opt_state).__name__}) holds no compression transform: jaxcomp.metrics reads the "
+      "counters of jaxcomp.compress (or a compressor such as jaxcomp.terngrad) in the state it updates.")
+
+
+def _has_plain_worker_local(tree: Any) -> bool:
+  """Whether ``tree`` has a dict with a WorkerLocal's fields (a state restored as plain containers)."""
+  if isinstance(tree, dict):
+    return {"residual", "metrics"} <= set(tree) or any(map(_has_plain_worker_local, tree.values()))
+  if isinstance(tree, (list, tuple)):
+    return any(map(_has_plain_worker_local, tree))
+  return False
 
 
 def _ratio(num: Count, den: Count) -> jax.Array:

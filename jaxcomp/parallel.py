@@ -20,18 +20,23 @@ Only named-axis collectives are used, so the same code runs under
 Under ``vmap`` the gathered payload is not batched (it is the same for every
 worker), so JAX decodes and averages it once, not once per simulated worker.
 
-Note: collectives over a ``vmap`` axis inside ``shard_map`` need
-``shard_map(..., check_vma=False)`` in JAX 0.10 (its varying-axes check does
-not know vmap axis names).
+Under ``shard_map`` with its default ``check_vma=True``, take gradients with
+respect to :func:`vary` ``(params, axis_name)``: ``jax.grad`` of parameters
+passed in replicated returns them already summed over the devices (a float
+all-reduce), which the transforms refuse with an error that says so. Collectives
+over a ``vmap`` axis inside ``shard_map`` need ``shard_map(..., check_vma=False)``
+in JAX 0.10 (its varying-axes check does not know vmap axis names).
 """
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Optional, Sequence, Union
 
 import jax
 import jax.numpy as jnp
 from jax import lax
+import optax
 
 from jaxcomp import core
 
@@ -66,6 +71,99 @@ def axis_index(axis_name: AxisName) -> jax.Array:
   return index
 
 
+def varying_axes(x: Any) -> frozenset:
+  """The manual (``shard_map``) axes ``x`` is typed as varying over; empty elsewhere.
+
+  ``x`` is an array, a tracer or a ``ShapeDtypeStruct``. Under
+  ``shard_map(..., check_vma=False)`` nothing is typed as varying.
+  """
+  mat = getattr(x, "manual_axis_type", None)  # a ShapeDtypeStruct
+  if mat is None:
+    mat = getattr(jax.typeof(x), "manual_axis_type", None)
+  return frozenset(getattr(mat, "varying", None) or ())
+
+
+def vary_over(x: jax.Array, axes: frozenset) -> jax.Array:
+  """``x`` typed as varying over the manual ``axes`` (a no-op where it already is)."""
+  missing = tuple(sorted(axes - varying_axes(x)))
+  return lax.pcast(x, missing, to="varying") if missing else x
+
+
+def checked_axes(axis_name: AxisName) -> frozenset:
+  """The names of ``axis_name`` that are ``shard_map`` axes with its varying-axes check on.
+
+  Only over these does a value's type say whether it differs between workers
+  (``check_vma=True``, ``shard_map``'s default): ``lax.axis_index`` varies over
+  such an axis, and over nothing else.
+  """
+  names = [n for n in axis_names(axis_name) if _is_device_axis(n)]
+  return frozenset(n for n in names if n in varying_axes(lax.axis_index(n)))
+
+
+def vary(tree: Any, axis_name: AxisName) -> Any:
+  """``tree`` typed as differing between the workers of ``axis_name``: take gradients with it.
+
+  Under ``jax.shard_map`` with ``check_vma=True`` (the default), parameters
+  passed in replicated (``P()``) are typed as the same on every device, and
+  ``jax.grad`` with respect to them returns the gradient *summed over the
+  devices* (the transpose of replication is a float ``psum``): the full-size
+  float all-reduce that compression is there to avoid, and a gradient N times
+  the mean. Differentiating with respect to ``vary(params, axis_name)``
+  instead gives each worker its own gradient, which the compressed exchange
+  then averages. Apply the updates to the original ``params``::
+
+    grads = jax.grad(loss_fn)(jaxcomp.parallel.vary(params, "workers"), batch)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    params = optax.apply_updates(params, updates)
+
+  A no-op under ``vmap``, ``pmap``, ``shard_map(..., check_vma=False)`` and
+  with ``axis_name=None``, so one step function serves every layout.
+  """
+  axes = checked_axes(axis_name)
+  if not axes:
+    return tree
+  return jax.tree.map(lambda a: vary_over(a, axes), tree)
+
+
+def replicated_cond(pred: jax.Array, true_fn, false_fn, *operands: Any) -> Any:
+  """``lax.cond(pred, true_fn, false_fn, *operands)`` for a ``pred`` identical on every worker.
+
+  The collectives in the branch taken run on every worker alike, so this works
+  under ``vmap``, ``pmap``, ``shard_map`` and their combinations. Under
+  ``shard_map`` both branches must also agree on which manual axes each output
+  varies over (a fresh mean is invarying, a carried worker-local leaf varying):
+  every output gets the union of both branches'.
+  """
+  varying = jax.tree.map(lambda a, b: varying_axes(a) | varying_axes(b),
+                         jax.eval_shape(true_fn, *operands), jax.eval_shape(false_fn, *operands))
+
+  def branch(fn):
+    return lambda *ops: jax.tree.map(vary_over, fn(*ops), varying)
+
+  return lax.cond(pred, branch(true_fn), branch(false_fn), *operands)
+
+
+def check_not_reduced(leaves: Sequence[Any], paths: Sequence[str], axis_name: AxisName, who: str) -> None:
+  """Raises if a gradient arrives already summed over the worker axis (``shard_map``'s typing says so).
+
+  Exchanging such a gradient again would send what was already all-reduced
+  in float, and average a sum. Only checkable where the check is on (see
+  :func:`checked_axes`); elsewhere it passes.
+  """
+  axes = checked_axes(axis_name)
+  for leaf, path in zip(leaves, paths):
+    missing = sorted(axes - varying_axes(leaf))
+    if missing:
+      raise ValueError(
+          f"{who}: the gradient {path!r} is the same on every worker of {missing[0]!r} "
+          "(shard_map's check_vma typing): jax.grad with respect to parameters passed in "
+          "replicated (P()) has already summed it over the devices with a float all-reduce, so "
+          "there is nothing left to compress and the mean would be N times too large. Take the "
+          "gradient with respect to jaxcomp.parallel.vary(params, axis_name) and apply the "
+          "updates to the original params (see that function), or use "
+          "shard_map(..., check_vma=False).")
+
+
 def all_gather(tree: Any, axis_name: AxisName) -> Any:
   """``lax.all_gather`` of every array in ``tree`` with one leading worker axis.
 
@@ -90,6 +188,42 @@ def all_gather(tree: Any, axis_name: AxisName) -> Any:
     return a.reshape((-1,) + shape)
 
   return jax.tree.map(gather, tree)
+
+
+def all_to_all(tree: Any, axis_name: AxisName) -> Any:
+  """``lax.all_to_all`` over the leading axis of every array in ``tree``.
+
+  On entry the leading axis (of size ``N``, the number of workers) is indexed
+  by destination; on return by source: worker ``w`` gets at ``[v]`` what
+  worker ``v`` held at ``[w]``. Workers are numbered as
+  :func:`jaxcomp.parallel.axis_index` numbers them; over a tuple of names the
+  leading axis is split into one axis per name and each is exchanged over its
+  own name (``out[a][m] = in[m][a]`` coordinate by coordinate).
+  """
+  names = axis_names(axis_name)
+  if not names:
+    return tree
+  sizes = tuple(lax.axis_size(n) for n in names)
+
+  def exchange(a):
+    rest = a.shape[1:]
+    a = a.reshape(sizes + (-1,))
+    for i, n in enumerate(names):
+      if _is_device_axis(n):
+        one = lambda piece, i=i, n=n: lax.all_to_all(piece, n, split_axis=i, concat_axis=i, tiled=True)
+        a = in_pieces(one, a, a.nbytes // sizes[i])
+      else:
+        # A vmap axis of simulated workers: gather (free under vmap: the
+        # workers' values are already stacked) and take this worker's slot.
+        # (JAX 0.10's batching rule of all_to_all mishandles an operand that
+        # is the same on every worker, such as the agreed per-chunk scalars:
+        # it returned N times too many values.)
+        stacked = lax.all_gather(a, n)
+        mine = lax.dynamic_index_in_dim(stacked, lax.axis_index(n), axis=i + 1, keepdims=False)
+        a = jnp.moveaxis(mine, 0, i)
+    return a.reshape((-1,) + rest)
+
+  return jax.tree.map(exchange, tree)
 
 
 # XLA:CPU's collectives (gloo over TCP) move one large buffer well below the
@@ -216,6 +350,74 @@ def psum(tree: Any, axis_name: AxisName) -> Any:
   return _reduce("sum", tree, axis_name)
 
 
+def deliver(message: core.Message, axis_name: AxisName) -> Any:
+  """Runs one :class:`~jaxcomp.core.Message`'s collective over ``axis_name`` and returns its result.
+
+  With no worker axis (``None``): a gather adds a worker axis of 1, the
+  reductions and the all-to-all return the tree as it is.
+  """
+  kind, tree = message
+  if kind == "gather":
+    return all_gather(tree, axis_name)
+  if kind == "all_to_all":
+    return all_to_all(tree, axis_name)
+  if kind in ("max", "sum", "mean"):
+    return _reduce(kind, tree, axis_name) if axis_names(axis_name) else tree
+  raise ValueError(f"unknown message kind {kind!r}; expected one of {core.MESSAGE_KINDS}.")
+
+
+def run(steps: Any, axis_name: AxisName) -> Any:
+  """Runs one exchange on its own: every message it yields goes through its own collective.
+
+  ``steps`` is a generator that yields :class:`~jaxcomp.core.Message` s and
+  returns its result (see :func:`exchange_steps`), or an already computed
+  result (an exchange written as a plain function), which is returned as it
+  is. :func:`jaxcomp.buckets.run` runs several exchanges with their messages
+  fused instead.
+  """
+  if not inspect.isgenerator(steps):
+    return steps
+  reply = None
+  while True:
+    try:
+      message = steps.send(reply)
+    except StopIteration as done:
+      return done.value
+    reply = deliver(message, axis_name)
+
+
+def exchange_steps(
+    compressor: core.Compressor,
+    x: jax.Array,
+    key: jax.Array,
+    axis_name: AxisName,
+    state: Any = None,
+    *,
+    need_own: bool = False,
+):
+  """The default exchange of one tensor as a generator of messages (see :func:`exchange`)."""
+  shape = x.shape
+  agreed = compressor.agree(x)
+  agreement_bytes = 0
+  if agreed is not None:
+    agreement_bytes = core.tree_nbytes(agreed) if axis_names(axis_name) else 0
+    agreed = (yield core.Message("max", agreed)) if axis_names(axis_name) else agreed
+  payload, metrics = compressor.encode_with_metrics(x, key, agreed)
+  # The payload has several consumers (the collective, this worker's own
+  # decode). Without the barrier XLA may fuse the encoder into each of them and
+  # run it once per consumer. The barrier prevents that, although it is gone
+  # from the compiled program; it does not cut a producer from the fusion of a
+  # single consumer (that is what compressors._quant.materialize is for).
+  payload = lax.optimization_barrier(payload)
+  wire = core.tree_nbytes(payload) + agreement_bytes
+  if not axis_names(axis_name):
+    own = compressor.decode(payload, shape)
+    return core.Exchanged(own, own if need_own else None, payload, wire, state, metrics)
+  own = compressor.decode(payload, shape) if need_own else None
+  mean = compressor.aggregate((yield core.Message("gather", payload)), shape)
+  return core.Exchanged(mean, own, payload, wire, state, metrics)
+
+
 def exchange(
     compressor: core.Compressor,
     x: jax.Array,
@@ -248,26 +450,7 @@ def exchange(
     to collectives (payload plus agreement), ``state``, and the counters of
     :meth:`Compressor.encode_with_metrics`.
   """
-  shape = x.shape
-  agreed = compressor.agree(x)
-  agreement_bytes = 0
-  if agreed is not None:
-    agreement_bytes = core.tree_nbytes(agreed) if axis_names(axis_name) else 0
-    agreed = pmax(agreed, axis_name)
-  payload, metrics = compressor.encode_with_metrics(x, key, agreed)
-  # The payload has several consumers (the collective, this worker's own
-  # decode). Without the barrier XLA may fuse the encoder into each of them and
-  # run it once per consumer. The barrier prevents that, although it is gone
-  # from the compiled program; it does not cut a producer from the fusion of a
-  # single consumer (that is what compressors._quant.materialize is for).
-  payload = lax.optimization_barrier(payload)
-  wire = core.tree_nbytes(payload) + agreement_bytes
-  if not axis_names(axis_name):
-    own = compressor.decode(payload, shape)
-    return core.Exchanged(own, own if need_own else None, payload, wire, state, metrics)
-  own = compressor.decode(payload, shape) if need_own else None
-  mean = compressor.aggregate(all_gather(payload, axis_name), shape)
-  return core.Exchanged(mean, own, payload, wire, state, metrics)
+  return run(exchange_steps(compressor, x, key, axis_name, state, need_own=need_own), axis_name)
 
 
 # -- laying optimizer states over workers -----------------------------------
@@ -277,6 +460,32 @@ def _is_local(x: Any) -> bool:
   return isinstance(x, core.WorkerLocal)
 
 
+# optax wrappers whose own state is per worker around a compression transform,
+# and what to use instead (jaxcomp.wrappers).
+_PER_WORKER_WRAPPERS = {
+    optax.MultiStepsState: (
+        "optax.MultiSteps accumulates each worker's own gradients (acc_grads) and runs the wrapped "
+        "chain, exchange included, on every mini-step; use jaxcomp.multi_steps(chain, k), which "
+        "accumulates locally and exchanges every k-th step"),
+    optax.ApplyIfFiniteState: (
+        "optax.apply_if_finite decides on each worker's own gradients, so a NaN on one worker "
+        "would skip the step there only; use jaxcomp.apply_if_finite(chain, n, axis_name=...), "
+        "which decides on every worker's gradients together"),
+}
+
+
+def _check_wrappers(state: Any) -> None:
+  """Raises if an optax wrapper with per-worker state of its own wraps a compression transform."""
+  kinds = tuple(_PER_WORKER_WRAPPERS)
+  found = jax.tree_util.tree_flatten_with_path(state, is_leaf=lambda x: isinstance(x, kinds))[0]
+  for path, x in found:
+    if isinstance(x, kinds) and any(map(_is_local, jax.tree.leaves(x, is_leaf=_is_local))):
+      raise ValueError(
+          f"opt_state{jax.tree_util.keystr(path)} is the state of an optax wrapper "
+          f"({type(x).__name__}) around a compression transform: its own state is per worker, which "
+          f"a state laid over workers cannot hold. {_PER_WORKER_WRAPPERS[type(x)]}.")
+
+
 def worker_axes(state: Any) -> Any:
   """``in_axes``/``out_axes`` for ``vmap``/``pmap`` of an optimizer state.
 
@@ -284,8 +493,11 @@ def worker_axes(state: Any) -> Any:
   counters) get ``0``; every other leaf (step counters, keys, momentum of the
   optimizer that follows) is the same on every worker and gets ``None``. A
   value that is marked ``None`` but differs between workers is an error JAX
-  reports, which keeps the replicas honest.
+  reports, which keeps the replicas honest. Raises a ValueError naming the
+  path of an ``optax.MultiSteps`` or ``optax.apply_if_finite`` state around a
+  compression transform (use :mod:`jaxcomp.wrappers` instead).
   """
+  _check_wrappers(state)
 
   def axes(x):
     if _is_local(x):
@@ -296,7 +508,8 @@ def worker_axes(state: Any) -> Any:
 
 
 def worker_specs(state: Any, axis: Union[str, tuple[str, ...]]) -> Any:
-  """``shard_map`` partition specs: worker-local leaves split over ``axis``."""
+  """``shard_map`` partition specs: worker-local leaves split over ``axis`` (checked as :func:`worker_axes`)."""
+  _check_wrappers(state)
   from jax.sharding import PartitionSpec as P
 
   def spec(x):
@@ -308,7 +521,8 @@ def worker_specs(state: Any, axis: Union[str, tuple[str, ...]]) -> Any:
 
 
 def replicate_workers(state: Any, num_workers: int) -> Any:
-  """Gives every worker-local leaf a leading axis of ``num_workers``."""
+  """Gives every worker-local leaf a leading axis of ``num_workers`` (checked as :func:`worker_axes`)."""
+  _check_wrappers(state)
   return _map_local(lambda a: jnp.broadcast_to(a, (num_workers,) + jnp.shape(a)), state)
 
 
@@ -332,3 +546,43 @@ def worker_slice(state: Any, index: int) -> Any:
 def expand_workers(state: Any) -> Any:
   """Adds a leading worker axis of size 1 to every worker-local leaf."""
   return _map_local(lambda a: a[None], state)
+
+
+# -- batches laid over workers ----------------------------------------------
+
+
+def _check_leading(batch: Any, expected: int, where: str) -> None:
+  for path, leaf in jax.tree_util.tree_flatten_with_path(batch)[0]:
+    shape = jnp.shape(leaf)
+    if not shape or shape[0] != expected:
+      raise ValueError(
+          f"batch{jax.tree_util.keystr(path)} has shape {tuple(shape)} {where}; the leading axis must "
+          f"be {expected}: one row per worker, each row that worker's whole batch (reshape "
+          f"[workers * b, ...] to [workers, b, ...]).")
+
+
+def check_batch(batch: Any, num_workers: int) -> Any:
+  """``batch`` unchanged, once every leaf's leading axis is checked to be ``num_workers``.
+
+  A batch laid over workers has one row per worker (``[num_workers, b, ...]``),
+  what ``vmap(..., in_axes=0)`` maps and ``shard_map(..., in_specs=P(axis))``
+  splits. A leading size that is a multiple of the workers would be split
+  silently (each device getting several rows, of which a recipe indexing
+  ``b[0]`` uses one): this raises a ValueError naming the leaf instead.
+  """
+  _check_leading(batch, num_workers, f"for {num_workers} workers")
+  return batch
+
+
+def worker_batch(batch: Any) -> Any:
+  """This worker's batch inside ``shard_map`` with one worker per device.
+
+  Each device holds a leading axis of size 1 of a batch laid over workers
+  (``in_specs=P(axis)``); this drops it, as ``jax.tree.map(lambda b: b[0],
+  batch)`` does, but raises a ValueError naming the leaf if a device holds
+  more rows than one (the batch's leading size was not the number of
+  workers). With several workers per device (``vmap`` inside ``shard_map``)
+  ``vmap`` maps the rows instead.
+  """
+  _check_leading(batch, 1, "on this device (its share of the global batch)")
+  return jax.tree.map(lambda b: b[0], batch)

@@ -37,6 +37,7 @@ worker); with an axis name it performs the exchange, so the train step needs no
 
 from __future__ import annotations
 
+import inspect
 import re
 from typing import Any, Callable, Literal, NamedTuple, Optional, Union
 
@@ -45,6 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from jaxcomp import buckets
 from jaxcomp import core
 from jaxcomp import parallel
 from jaxcomp import rng
@@ -132,10 +134,54 @@ def _resolve_skip(skip: SkipSpec, tree: Any, min_size: int, everything: bool = F
   return flags
 
 
-def _check_float(leaf: Any) -> None:
+def _is_float(leaf: Any) -> bool:
   dtype = jnp.asarray(leaf).dtype if not hasattr(leaf, "dtype") else leaf.dtype
-  if not jnp.issubdtype(dtype, jnp.floating):
-    raise TypeError(f"jaxcomp compresses floating-point gradients; got a {dtype} leaf.")
+  return jnp.issubdtype(dtype, jnp.floating)
+
+
+def _check_float(leaf: Any, path: str = "") -> None:
+  if not _is_float(leaf):
+    dtype = jnp.asarray(leaf).dtype if not hasattr(leaf, "dtype") else leaf.dtype
+    where = f" at {path!r}" if path else ""
+    raise TypeError(
+        f"jaxcomp compresses floating-point gradients; got a leaf of dtype {dtype}{where}. Mark it in `skip` "
+        "(it then passes through untouched) or leave it out of the gradients.")
+
+
+def _pass_through_skipped_nonfloat(
+    tx: optax.GradientTransformationExtraArgs, skip: SkipSpec, min_size: int
+) -> optax.GradientTransformationExtraArgs:
+  """``tx`` with the non-float leaves that ``skip`` (or ``min_size``) keeps in float passed through untouched.
+
+  Such a leaf (an integer counter, the ``float0`` gradient of an integer
+  parameter) is neither exchanged nor counted: ``tx`` sees an empty float32
+  placeholder in its place, which costs nothing. Any other non-float leaf is
+  a TypeError naming its path.
+  """
+
+  def split(tree):
+    flat, treedef = jax.tree_util.tree_flatten_with_path(tree)
+    through = [not _is_float(leaf) for _, leaf in flat]
+    if not any(through):
+      return tree, through
+    for (path, leaf), kept, t in zip(flat, _resolve_skip(skip, tree, min_size), through):
+      if t and not kept:
+        _check_float(leaf, path_str(path))
+    return treedef.unflatten([jnp.zeros((0,), jnp.float32) if t else leaf for (_, leaf), t in zip(flat, through)]), through
+
+  def init_fn(params):
+    return tx.init(split(params)[0])
+
+  def update_fn(updates, state, params=None, **extra_args):
+    inner, through = split(updates)
+    new_updates, state = tx.update(inner, state, params, **extra_args)
+    if not any(through):
+      return new_updates, state
+    leaves, treedef = jax.tree.flatten(updates)
+    merged = [g if t else u for g, u, t in zip(leaves, treedef.flatten_up_to(new_updates), through)]
+    return treedef.unflatten(merged), state
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
 def _metric_keys(compressor: Optional[core.Compressor], exchange: str = "all_gather") -> tuple[str, ...]:
@@ -193,14 +239,25 @@ def agree_on_nonfinite(
   return list(flags > 0), 0
 
 
-def send_float(g: jax.Array, axis_name: parallel.AxisName) -> jax.Array:
-  """A skipped tensor: averaged in its own dtype with ``pmean``."""
-  return parallel.pmean(g, axis_name) if parallel.axis_names(axis_name) else g
+def send_float(g: jax.Array, axis_name: parallel.AxisName):
+  """A skipped tensor: averaged in its own dtype with a ``"mean"`` message (a generator)."""
+  return (yield core.Message("mean", g)) if parallel.axis_names(axis_name) else g
 
 
 def carry_residual(x: jax.Array, own: jax.Array, residual: jax.Array, bad: jax.Array) -> jax.Array:
   """Error feedback: ``r <- x - decode(own payload)``; a non-finite input keeps the old ``r``."""
   return jnp.where(bad, residual, x - own)
+
+
+def check_gradients_vary(grads: Any, axis_name: parallel.AxisName, compressor: Optional[core.Compressor]) -> None:
+  """Refuses gradients that ``shard_map`` types as already reduced over the worker axis.
+
+  See :func:`jaxcomp.parallel.vary`: under ``shard_map`` with ``check_vma=True``
+  the gradient of replicated parameters arrives summed over the devices.
+  """
+  flat = jax.tree_util.tree_flatten_with_path(grads)[0]
+  who = f"jaxcomp ({type(compressor).__name__ if compressor is not None else 'float'} exchange)"
+  parallel.check_not_reduced([g for _, g in flat], [path_str(k) for k, _ in flat], axis_name, who)
 
 
 def count_tensor(
@@ -270,6 +327,7 @@ def compress(
     nonfinite: NonFinitePolicy = "propagate",
     tensor_metrics: Optional[str] = None,
     exchange: two_phase.Exchange = "all_gather",
+    bucket_bytes: int = buckets.DEFAULT_BUCKET_BYTES,
 ) -> optax.GradientTransformationExtraArgs:
   """Compresses, exchanges and averages gradients.
 
@@ -283,7 +341,10 @@ def compress(
     skip: which tensors stay in float, as ``optax.masked``'s ``mask`` but
       inverted: a pytree of booleans (True = keep in float) with the
       gradients' structure or a prefix of it, or a callable taking the
-      gradients and returning one. See :func:`skip_by_path`.
+      gradients and returning one. See :func:`skip_by_path`. A non-float
+      leaf (an integer counter, the ``float0`` gradient of an integer
+      parameter) must be skipped: it then passes through untouched, neither
+      exchanged nor counted; otherwise it is a TypeError naming its path.
     min_size: tensors with fewer elements stay in float (QSGD §5 keeps tensors
       under 10K elements in float; 3LC §4.2 the small batch-norm tensors).
     seed: seeds the state's PRNG key.
@@ -319,6 +380,15 @@ def compress(
       the state's ``shard``; allocated for ``"two_phase"`` and ``"auto"``).
       Compressors with their own exchange (PowerSGD) refuse ``"two_phase"``
       and keep their own with ``"auto"``.
+    bucket_bytes: tensors are exchanged in buckets of about this many bytes
+      of float32 gradient, filled in reverse order (the last layers first, as
+      PyTorch DDP does): each round of a bucket's exchanges (an agreement, an
+      all-gather, an all-to-all, the float tensors' mean) is one collective
+      per bucket instead of one per tensor (:mod:`jaxcomp.buckets`). The
+      numbers (updates, states, metrics) are the same, bit for bit (PowerSGD: to a
+      few ulp, see :mod:`jaxcomp.buckets`), as with
+      ``0``: one exchange per tensor. Over ``vmap``-simulated workers alone
+      nothing crosses a wire and tensors go one at a time whatever the value.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` whose updates are the
@@ -333,6 +403,7 @@ def compress(
     raise ValueError(f"nonfinite must be 'propagate' or 'zero'; got {nonfinite!r}.")
   if min_size < 0:
     raise ValueError(f"min_size must be >= 0; got {min_size}.")
+  buckets.check_bucket_bytes(bucket_bytes)
   parallel.axis_names(axis_name)  # validates
   two_phase.check_exchange(exchange)
   if compressor is not None:
@@ -356,15 +427,16 @@ def compress(
       tracked = {i: p for i, p in enumerate(paths) if not skipped[i] and tracked_re.search(p)}
     return _Plan(leaves, treedef, skipped, tracked)
 
-  def exchange_fn(x, key, inner) -> core.Exchanged:
-    """Agree, encode, exchange, decode: the compressor's own exchange or the default one."""
+  def exchange_steps(x, key, inner):
+    """Agree, encode, exchange, decode: the compressor's own exchange or the default one (messages)."""
     if compressor.custom_exchange:
-      return compressor.exchange(x, key, axis_name, _from_masked(inner))
-    return parallel.exchange(compressor, x, key, axis_name, inner, need_own=use_ef)
+      out = compressor.exchange(x, key, axis_name, _from_masked(inner))
+      return (yield from out) if inspect.isgenerator(out) else out
+    return (yield from parallel.exchange_steps(compressor, x, key, axis_name, inner, need_own=use_ef))
 
-  def two_phase_tensor(g, x, bad, anywhere, residual, inner, shard, key, tracked_path) -> _TensorResult:
-    tp = two_phase.two_phase_exchange(compressor, x, key, axis_name, _from_masked(shard),
-                                      need_own=use_ef or tracked_path is not None)
+  def two_phase_tensor(g, x, bad, anywhere, residual, inner, shard, key, tracked_path):
+    tp = yield from two_phase.two_phase_steps(compressor, x, key, axis_name, _from_masked(shard),
+                                              need_own=use_ef or tracked_path is not None)
     mean = jnp.where(anywhere, jnp.full_like(tp.mean, jnp.nan), tp.mean) if nonfinite == "propagate" else tp.mean
     residual = carry_residual(x, tp.own, residual, bad) if use_ef else residual
     if use_shard:  # a step whose mean is NaN on every worker leaves the shard residual as it was
@@ -372,12 +444,13 @@ def compress(
     counts = count_two_phase_tensor(tp, g, bad, tracked_path)
     return _TensorResult(mean.astype(g.dtype), residual, inner, shard, counts)
 
-  def compress_tensor(g, x, bad, anywhere, residual, inner, shard, key, tracked_path) -> _TensorResult:
+  def compress_tensor(g, x, bad, anywhere, residual, inner, shard, key, tracked_path):
+    """One compressed tensor's step (a generator of messages returning a :class:`_TensorResult`)."""
     workers = parallel.axis_size(axis_name)
     if routed and two_phase.choose(compressor, x.size, workers, exchange) == "two_phase":
-      result = two_phase_tensor(g, x, bad, anywhere, residual, inner, shard, key, tracked_path)
+      result = yield from two_phase_tensor(g, x, bad, anywhere, residual, inner, shard, key, tracked_path)
     else:
-      ex = exchange_fn(x, key, inner)
+      ex = yield from exchange_steps(x, key, inner)
       mean = jnp.where(anywhere, jnp.full_like(ex.mean, jnp.nan), ex.mean) if nonfinite == "propagate" else ex.mean
       residual = carry_residual(x, ex.own, residual, bad) if use_ef else residual
       counts = count_tensor(compressor, ex, g, bad, tracked_path)
@@ -390,16 +463,19 @@ def compress(
       result = result._replace(counts=counts)
     return result
 
-  def float_tensor(g, residual, inner, shard) -> _TensorResult:
+  def float_tensor(g, residual, inner, shard):
+    """One tensor kept in float (a generator of messages returning a :class:`_TensorResult`)."""
     nbytes = core.size_of(g.shape) * g.dtype.itemsize
     counts = {"float_bytes": nbytes, "encoded_bytes": nbytes}
     if routed:
       counts["received_bytes"] = two_phase.allreduce_received(nbytes, parallel.axis_size(axis_name))
-    return _TensorResult(send_float(g, axis_name), residual, inner, shard, counts)
+    mean = yield from send_float(g, axis_name)
+    return _TensorResult(mean, residual, inner, shard, counts)
 
   def update_fn(updates, state, params=None, **extra_args):
     del params, extra_args
     p = plan(updates)
+    check_gradients_vary(updates, axis_name, compressor)
     residuals = p.treedef.flatten_up_to(state.local.residual)
     inners = p.treedef.flatten_up_to(state.inner)
     shards = p.treedef.flatten_up_to(state.shard.residual) if use_shard else [optax.MaskedNode()] * len(p.leaves)
@@ -413,14 +489,16 @@ def compress(
     # 2. Agree on which tensors are not finite on some worker.
     anywhere, flag_bytes = agree_on_nonfinite([bad[i] for i in compressed], axis_name, nonfinite)
     anywhere = dict(zip(compressed, anywhere))
-    # 3. Skip (float) or compress and exchange each tensor; carry its residual.
-    results = []
+    # 3. Skip (float) or compress and exchange each tensor, in buckets; carry its residual.
+    steps = []
     for i, (g, r, inner, shard) in enumerate(zip(p.leaves, residuals, inners, shards)):
       if p.skipped[i]:
-        results.append(float_tensor(g, r, inner, shard))
+        steps.append(float_tensor(g, r, inner, shard))
       else:
         key = rng.leaf_key(step_key, i, worker)
-        results.append(compress_tensor(g, xs[i], bad[i], anywhere[i], r, inner, shard, key, p.tracked.get(i)))
+        steps.append(compress_tensor(g, xs[i], bad[i], anywhere[i], r, inner, shard, key, p.tracked.get(i)))
+    sizes = [4 * core.size_of(jnp.shape(g)) for g in p.leaves]
+    results = buckets.run(steps, sizes, bucket_bytes, axis_name)
     # 4. Count.
     metrics = count_all(keys, results, p, flag_bytes)
     if routed:
@@ -479,7 +557,7 @@ def compress(
                for k, v in traced.items()}
     return state._replace(local=state.local._replace(metrics=metrics))
 
-  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+  return _pass_through_skipped_nonfloat(optax.GradientTransformationExtraArgs(init_fn, update_fn), skip, min_size)
 
 
 def _with_axes(fn: Callable[..., Any], axis_name: parallel.AxisName) -> Callable[..., Any]:
@@ -515,12 +593,17 @@ def skip_by_path(predicate: Callable[[str], bool]) -> Callable[[Any], Any]:
 
 def path_str(path) -> str:
   """``/``-joined names of a ``jax.tree_util`` key path."""
+  return "/".join(str(part) for part in key_names(path))
+
+
+def key_names(path) -> tuple[Any, ...]:
+  """The names and indices of a ``jax.tree_util`` key path (as Flax NNX writes paths)."""
   parts = []
   for k in path:
     for attr in ("key", "name", "idx"):
       if hasattr(k, attr):
-        parts.append(str(getattr(k, attr)))
+        parts.append(getattr(k, attr))
         break
     else:
       parts.append(str(k))
-  return "/".join(parts)
+  return tuple(parts)

@@ -271,45 +271,6 @@ class Ternary(core.Compressor):
     return base243.base243_decode(payload.codes, core.size_of(shape)).astype(jnp.float32).reshape(shape)
 
 
-# -- the collectives ------------------------------------------------------------
-
-
-def all_to_all(tree: Any, axis_name: parallel.AxisName) -> Any:
-  """``lax.all_to_all`` over the leading axis of every array in ``tree``.
-
-  On entry the leading axis (of size ``N``, the number of workers) is indexed
-  by destination; on return by source: worker ``w`` gets at ``[v]`` what
-  worker ``v`` held at ``[w]``. Workers are numbered as
-  :func:`jaxcomp.parallel.axis_index` numbers them; over a tuple of names the
-  leading axis is split into one axis per name and each is exchanged over its
-  own name (``out[a][m] = in[m][a]`` coordinate by coordinate).
-  """
-  names = parallel.axis_names(axis_name)
-  if not names:
-    return tree
-  sizes = tuple(lax.axis_size(n) for n in names)
-
-  def exchange(a):
-    rest = a.shape[1:]
-    a = a.reshape(sizes + (-1,))
-    for i, n in enumerate(names):
-      if parallel._is_device_axis(n):  # pylint: disable=protected-access
-        one = lambda piece, i=i, n=n: lax.all_to_all(piece, n, split_axis=i, concat_axis=i, tiled=True)
-        a = parallel.in_pieces(one, a, a.nbytes // sizes[i])
-      else:
-        # A vmap axis of simulated workers: gather (free under vmap: the
-        # workers' values are already stacked) and take this worker's slot.
-        # (JAX 0.10's batching rule of all_to_all mishandles an operand that
-        # is the same on every worker, such as the agreed per-chunk scalars:
-        # it returned N times too many values.)
-        stacked = lax.all_gather(a, n)
-        mine = lax.dynamic_index_in_dim(stacked, lax.axis_index(n), axis=i + 1, keepdims=False)
-        a = jnp.moveaxis(mine, 0, i)
-    return a.reshape((-1,) + rest)
-
-  return jax.tree.map(exchange, tree)
-
-
 # -- the exchange ---------------------------------------------------------------
 
 
@@ -382,7 +343,7 @@ def _phase1_encode(compressor, chunks, key, axis_name, need_own):
   agreement = 0
   if agreed is not None:
     agreement = core.tree_nbytes(agreed)
-    agreed = parallel.pmax(agreed, axis_name)
+    agreed = yield core.Message("max", agreed)
   keys = jax.vmap(lambda j: jax.random.fold_in(key, j))(jnp.arange(workers))
   payload, metrics = jax.vmap(compressor.encode_with_metrics)(chunks, keys, agreed)
   payload = lax.optimization_barrier(payload)  # the wire: materialized once (see parallel.exchange)
@@ -404,17 +365,17 @@ def _phase1_encode(compressor, chunks, key, axis_name, need_own):
 def _phase1_reduce(compressor, sent, chunks, keys_agreed, axis_name):
   """Scatters chunk j to worker j and reduces what arrived; with a fallback wire, a plain round if needed."""
   workers, c = chunks.shape
-  received = all_to_all(sent.payload, axis_name)
+  received = yield core.Message("all_to_all", sent.payload)
   plain = _plain(compressor)
   if plain is None:
     return reduce_chunks(compressor, received, c), sent
   # Every worker must take the same branch (the fallback runs a collective): agree on one flag.
-  overflow = parallel.pmax(jnp.any(~compressor.fits(received)).astype(jnp.uint8), axis_name) > 0
+  overflow = (yield core.Message("max", jnp.any(~compressor.fits(received)).astype(jnp.uint8))) > 0
 
   def from_plain():
     keys, agreed = keys_agreed
     payload = jax.vmap(plain.encode)(chunks, keys, agreed)
-    return reduce_chunks(plain, all_to_all(payload, axis_name), c)
+    return reduce_chunks(plain, parallel.all_to_all(payload, axis_name), c)
 
   shard = lax.cond(overflow, from_plain, lambda: reduce_chunks(compressor, received, c))
   p_plain = core.tree_nbytes(jax.eval_shape(plain.encode, chunks[0], keys_agreed[0][0], None))
@@ -440,7 +401,7 @@ def _phase2(compressor, shard, shard_residual, lay, key, axis_name):
   payload = lax.optimization_barrier(payload)
   p2 = core.tree_nbytes(payload)
   metrics = _add(metrics, compressor.extra_metrics(payload, (c,)))
-  gathered = parallel.all_gather(payload, axis_name)
+  gathered = yield core.Message("gather", payload)
   plain = _plain(compressor)
   if plain is None:
     mean = _decode_all(compressor, gathered, c)
@@ -472,7 +433,27 @@ def two_phase_exchange(
     *,
     need_own: bool = False,
 ) -> TwoPhaseResult:
-  """The two-phase exchange of one tensor (see the module docstring).
+  """The two-phase exchange of one tensor, run on its own (see :func:`two_phase_steps`)."""
+  return parallel.run(two_phase_steps(compressor, x, key, axis_name, shard_residual, need_own=need_own),
+                      axis_name)
+
+
+def two_phase_steps(
+    compressor: core.Compressor,
+    x: jax.Array,
+    key: jax.Array,
+    axis_name: parallel.AxisName,
+    shard_residual: Optional[jax.Array] = None,
+    *,
+    need_own: bool = False,
+):
+  """The two-phase exchange of one tensor (see the module docstring), as a generator of messages.
+
+  It yields its collectives as :class:`~jaxcomp.core.Message` s (run them with
+  :func:`jaxcomp.parallel.run`, or fused with other tensors' by
+  :func:`jaxcomp.buckets.run`) and returns a :class:`TwoPhaseResult`. The
+  fallback rounds of a compressor with a fallback wire run inside a
+  ``lax.cond`` and call their collectives directly.
 
   With a compressor that has a fallback wire (3LC with ``capacity``: its
   zero-run stream in a fixed buffer), both phases send the buffers; if a
@@ -509,10 +490,10 @@ def two_phase_exchange(
                      f"(needs >= {workers * alignment(compressor)}); use the all-gather.")
   key1, key2 = jax.random.split(key)
   chunks = jnp.pad(x.reshape(-1).astype(jnp.float32), (0, lay.padded - n)).reshape(workers, lay.chunk)
-  first, keys_agreed = _phase1_encode(compressor, chunks, key1, axis_name, need_own)
-  shard, first = _phase1_reduce(compressor, first, chunks, keys_agreed, axis_name)
-  mean, new_residual, second = _phase2(shard_compressor(compressor), shard.astype(jnp.float32),
-                                       shard_residual, lay, key2, axis_name)
+  first, keys_agreed = yield from _phase1_encode(compressor, chunks, key1, axis_name, need_own)
+  shard, first = yield from _phase1_reduce(compressor, first, chunks, keys_agreed, axis_name)
+  mean, new_residual, second = yield from _phase2(shard_compressor(compressor), shard.astype(jnp.float32),
+                                                  shard_residual, lay, key2, axis_name)
   own = None if first.decoded_here is None else first.decoded_here[:n].reshape(shape)
   return TwoPhaseResult(
       mean=mean.reshape(shape),

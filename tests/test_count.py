@@ -40,6 +40,13 @@ def test_mean_over_workers_is_exact():
     int(mean)
 
 
+def test_sum_over_workers_is_exact():
+  per_worker = [2**32 - 1, 7, 2**31]
+  laid = jax.vmap(lambda v: Count(5) + Count.of(v))(jnp.asarray(per_worker, jnp.uint32))
+  assert laid.sum().value() == 5 * len(per_worker) + sum(per_worker)  # the static part once per worker
+  assert Count(5).sum() == 5 and laid[0].sum() == 5 + per_worker[0]  # no worker axis: as it is
+
+
 def test_range_and_type_errors():
   with pytest.raises(OverflowError):
     Count.of(2**64)

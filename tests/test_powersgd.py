@@ -36,7 +36,7 @@ def test_powersgd_algorithm1_across_workers():
   wire = []
 
   def worker(x):
-    ex = comp.exchange(x, KEY, "w", q0)
+    ex = parallel.run(comp.exchange(x, KEY, "w", q0), "w")
     wire.append(ex.wire_bytes)
     return ex.mean, ex.own, ex.state, ex.payload
 
@@ -63,7 +63,7 @@ def test_powersgd_warm_start_converges_to_best_rank_r():
   comp = PowerSGD(rank=r)
   q = comp.init_state((n, m), KEY)
   for _ in range(15):
-    ex = comp.exchange(mat, KEY, None, q)
+    ex = parallel.run(comp.exchange(mat, KEY, None, q), None)
     q = ex.state
   np.testing.assert_allclose(ex.mean, best, atol=1e-3)
 

@@ -25,8 +25,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
 
 
-def _blocks(lang):
-  return re.findall(rf"^```{lang}\n(.*?)^```", README, flags=re.S | re.M)
+def _blocks(lang, text=README):
+  return re.findall(rf"^```{lang}\n(.*?)^```", text, flags=re.S | re.M)
 
 
 def _section(title):
@@ -36,9 +36,8 @@ def _section(title):
   return m.group(1)
 
 
-def test_readme_python_blocks_run_as_one_program(tmp_path):
-  blocks = _blocks("python")
-  assert len(blocks) >= 2, "the Use example and the shard_map example"
+def _run(blocks, tmp_path):
+  """Runs ``blocks`` as one program in a fresh interpreter (8 host devices); returns what it printed."""
   program = tmp_path / "readme_program.py"
   program.write_text("\n".join(blocks))
   env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu",
@@ -46,6 +45,13 @@ def test_readme_python_blocks_run_as_one_program(tmp_path):
   out = subprocess.run([sys.executable, str(program)], cwd=tmp_path, env=env, capture_output=True,
                        text=True, timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]
+  return out
+
+
+def test_readme_python_blocks_run_as_one_program(tmp_path):
+  blocks = _blocks("python")
+  assert len(blocks) >= 2, "the Use example and the shard_map example"
+  out = _run(blocks, tmp_path)
   lines = out.stdout.strip().splitlines()
   # The vmap example: the toy task is learnt and the wire is about 16x smaller (2-bit codes).
   m = re.match(r"loss ([\d.]+), (\d+) bytes on the wire instead of (\d+) \(([\d.]+)x\)", lines[0])
@@ -56,6 +62,96 @@ def test_readme_python_blocks_run_as_one_program(tmp_path):
   # The shard_map example, over the 8 devices: the same wire format, so the same ratio.
   m = re.match(r"([\d.]+)x over (\d+) devices", lines[1])
   assert m and int(m[2]) == 8 and float(m[1]) == pytest.approx(ratio, abs=0.05), out.stdout
+
+
+def test_readme_nnx_and_wrapper_blocks_run(tmp_path):
+  # The first Use block (which they build on), then the blocks of these subsections only.
+  use = _section("Use")
+  blocks = _blocks("python", use)[:1] + _blocks("python", use.split("### Flax NNX\n", 1)[1])
+  assert len(blocks) == 4, "the Use example, NNX under vmap and shard_map, multi_steps"
+  out = _run(blocks, tmp_path)
+  lines = out.stdout.strip().splitlines()[1:]  # after the Use example's line
+  # nnx.Optimizer under nnx.vmap learns the toy task (chance is log 10), with 2-bit codes ...
+  m = re.fullmatch(r"nnx vmap: loss ([\d.]+), ([\d.]+)x", lines[0])
+  assert m and float(m[1]) < 0.5 * np.log(10) and 10 < float(m[2]) < 16, out.stdout
+  # ... and shard_map over 8 devices gives the same parameters: within 1e-7 for the first 60 steps;
+  # later a rounding difference can flip one of TernGrad's random draws (a change of about 1e-3).
+  # Gradients summed over devices instead of per worker would be off by about 1.
+  m = re.search(r"nnx shard_map: largest difference from vmap ([\d.e+-]+)", lines[1])
+  assert m and float(m[1]) < 1e-2, out.stdout
+  # multi_steps(tx, 4): bytes on the 4th and 8th steps only, the same both times.
+  m = re.fullmatch(r"multi_steps: bytes on the wire per step \[([\d, ]+)\]", lines[2])
+  wire = [int(v) for v in m[1].split(",")] if m else None
+  assert wire and wire[3] == wire[7] > 0 and wire[:3] == wire[4:7] == [0, 0, 0], out.stdout
+
+
+_COMPARE_LAYOUTS = """
+import json
+import numpy as np
+vmap_params = params_after_vmap
+compiled = step.lower(params, opt_state, device_batches).compile().as_text()
+float_reduced = 0  # elements of float arrays all-reduced by the shard_map step
+for line in compiled.splitlines():
+  if " all-reduce(" in line or " all-reduce-start(" in line:
+    for dtype, dims in re.findall(r"\\b(f32|bf16|f16)\\[([\\d,]*)\\]", line.split("=", 1)[1].split("all-reduce")[0]):
+      float_reduced += int(np.prod([int(d) for d in dims.split(",") if d]))
+diff = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+           for a, b in zip(jax.tree.leaves(vmap_params), jax.tree.leaves(params)))
+print(json.dumps({"max_param_diff": diff, "float_allreduced_elements": float_reduced}))
+"""
+
+
+def test_readme_vmap_and_shard_map_blocks_agree(tmp_path):
+  """The two blocks train the same model: same parameters, and no float all-reduce of the gradient.
+
+  Under shard_map's default check_vma=True, jax.grad of replicated parameters
+  sums the gradient over the devices in float32; the README's step must not
+  (its parameters would then move by the 8-worker sum, and the wire would
+  carry float gradients beside the compressed ones).
+  """
+  vmap_block, shard_block = _blocks("python")[:2]
+  out = _run(["import re", vmap_block, "params_after_vmap = params", shard_block, _COMPARE_LAYOUTS], tmp_path)
+  import json  # pylint: disable=g-import-not-at-top
+  result = json.loads(out.stdout.strip().splitlines()[-1])
+  assert result["max_param_diff"] < 1e-5, result
+  # What may be all-reduced in float: TernGrad's agreed scale, one scalar per tensor (2 here).
+  assert result["float_allreduced_elements"] <= 2, result
+
+
+def test_grads_of_replicated_params_under_checked_shard_map_are_refused():
+  """check_vma=True and gradients of P() params: a clear error, not a second exchange of a float sum."""
+  from jax.sharding import PartitionSpec as P  # pylint: disable=g-import-not-at-top
+  n = 4
+  mesh = jax.make_mesh((n,), ("w",), axis_types=(jax.sharding.AxisType.Auto,), devices=jax.devices()[:n])
+  tx = jaxcomp.terngrad(axis_name="w")
+  params = {"k": jnp.ones((8, 4))}
+  state = jaxcomp.parallel.replicate_workers(tx.init(params), n)
+  specs = jaxcomp.parallel.worker_specs(state, "w")
+
+  def step(vary):
+    def device_step(params, state, x):
+      p = jaxcomp.parallel.vary(params, "w") if vary else params
+      grads = jax.grad(lambda p: jnp.sum((x[0] @ p["k"]) ** 2))(p)
+      upd, s = tx.update(grads, jaxcomp.parallel.worker_slice(state, 0), params)
+      return optax.apply_updates(params, upd), jaxcomp.parallel.expand_workers(s)
+    return jax.jit(jax.shard_map(device_step, mesh=mesh, in_specs=(P(), specs, P("w")),
+                                 out_specs=(P(), specs)))
+
+  x = jax.random.normal(jax.random.PRNGKey(0), (n, 3, 8))
+  with pytest.raises(ValueError, match=r"'k' is the same on every worker of 'w'.*jaxcomp.parallel.vary"):
+    step(vary=False)(params, state, x)
+  new_params, _ = step(vary=True)(params, state, x)
+  # The same step under vmap (vary is a no-op there) gives the same parameters.
+  axes = jaxcomp.parallel.worker_axes(state)
+
+  def worker_step(params, state, x):
+    grads = jax.grad(lambda p: jnp.sum((x @ p["k"]) ** 2))(jaxcomp.parallel.vary(params, "w"))
+    upd, s = tx.update(grads, state, params)
+    return optax.apply_updates(params, upd), s
+
+  ref, _ = jax.jit(jax.vmap(worker_step, in_axes=(None, axes, 0), out_axes=(None, axes), axis_name="w"))(
+      params, state, x)
+  np.testing.assert_allclose(new_params["k"], ref["k"], atol=1e-6)
 
 
 def test_readme_compressor_list_is_the_registry():

@@ -213,7 +213,7 @@ def test_half_moves_16_bit_values(dtype):
   """
   comp = jaxcomp.Half(dtype)
   mesh = jax.make_mesh((4,), ("d",), axis_types=(jax.sharding.AxisType.Auto,), devices=jax.devices()[:4])
-  f = jax.shard_map(lambda x: comp.exchange(x[0], KEY, "d", None).mean, mesh=mesh, in_specs=P("d"), out_specs=P())
+  f = jax.shard_map(lambda x: parallel.run(comp.exchange(x[0], KEY, "d", None), "d").mean, mesh=mesh, in_specs=P("d"), out_specs=P())
   hlo = jax.jit(f).lower(jnp.ones((4, 64))).compile().as_text()
   collectives = [line for line in hlo.splitlines()
                  if re.search(r"\b(all-reduce|all-to-all|all-gather|reduce-scatter)(-start)?\(", line)]
@@ -236,7 +236,7 @@ def test_half_moves_16_bit_values(dtype):
 def test_half_one_worker_is_the_cast():
   x = jax.random.normal(KEY, (50,))
   for dtype in ("bfloat16", "float16"):
-    ex = jaxcomp.Half(dtype).exchange(x, KEY, None, None)
+    ex = parallel.run(jaxcomp.Half(dtype).exchange(x, KEY, None, None), None)
     np.testing.assert_array_equal(ex.mean, x.astype(dtype).astype(jnp.float32))
     assert ex.payload.values.dtype == dtype and ex.wire_bytes == 100
 
@@ -341,7 +341,7 @@ def test_randomk_scaled_is_unbiased():
   comp = jaxcomp.RandomK(fraction=0.25, scale=True)  # k = 5
   x = jax.random.normal(KEY, (n,)) + 0.5
   keys = jax.random.split(jax.random.PRNGKey(7), K)
-  means = jax.jit(jax.vmap(lambda s: comp.exchange(x, KEY, None, s).mean))(keys)
+  means = jax.jit(jax.vmap(lambda s: parallel.run(comp.exchange(x, KEY, None, s), None).mean))(keys)
   sd = np.abs(np.asarray(x)) * math.sqrt(n / 5 - 1) / math.sqrt(K)
   assert np.all(np.abs(np.asarray(means.mean(0) - x)) <= 5 * sd)
   np.testing.assert_allclose(np.asarray((means != 0).mean(0)), 5 / n, atol=5 * math.sqrt(0.25 * 0.75 / K))

@@ -113,7 +113,7 @@ class Half(core.Compressor):
   def exchange(self, x, key, axis_name, state):
     workers = parallel.axis_size(axis_name)
     payload = self.encode(x / workers, key, None)
-    total = parallel.psum(payload, axis_name) if parallel.axis_names(axis_name) else payload
+    total = (yield core.Message("sum", payload)) if parallel.axis_names(axis_name) else payload
     own = self.decode(payload, x.shape) * workers
     return core.Exchanged(mean=self.decode(total, x.shape), own=own, payload=payload,
                           wire_bytes=core.tree_nbytes(payload), state=state)

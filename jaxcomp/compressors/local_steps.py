@@ -55,7 +55,6 @@ from typing import Any, NamedTuple, Union
 import jax
 import jax.numpy as jnp
 import optax
-from jax import lax
 
 from jaxcomp import core
 from jaxcomp import parallel
@@ -68,7 +67,7 @@ REFERENCE_METRICS = ("float32_bytes", "compressed_float32_bytes")
 # jaxcomp.compress's own arguments, which every registered transform accepts: the float
 # exchange takes them too (they change nothing there), so callers that pass them to any
 # compressor (experiments.optimizers.make_tx, through make_optimizer) can build local steps.
-FLOAT_EXCHANGE_KWARGS = ("seed", "skip", "min_size", "nonfinite")
+FLOAT_EXCHANGE_KWARGS = ("seed", "skip", "min_size", "nonfinite", "bucket_bytes")
 
 
 class LocalStepsState(NamedTuple):
@@ -82,20 +81,6 @@ class LocalStepsState(NamedTuple):
 
 def _is_local(x: Any) -> bool:
   return isinstance(x, core.WorkerLocal)
-
-
-def _varying(x: Any) -> frozenset:
-  """The manual (``shard_map``) axes ``x`` varies over; empty outside ``shard_map``."""
-  mat = getattr(x, "manual_axis_type", None)  # a ShapeDtypeStruct
-  if mat is None:
-    mat = getattr(jax.typeof(x), "manual_axis_type", None)
-  return frozenset(getattr(mat, "varying", None) or ())
-
-
-def _vary(x: Any, axes: frozenset) -> Any:
-  """``x`` marked as varying over ``axes`` (a no-op where it already is)."""
-  missing = tuple(sorted(axes - _varying(x)))
-  return lax.pcast(x, missing, to="varying") if missing else x
 
 
 def _wire_counts(state: Any, fn) -> Any:
@@ -204,25 +189,13 @@ def local_steps(
     if k == 1:
       new_updates, acc, ex_state, opt_state = step(*operands)
     else:
-      # Under shard_map both branches must also agree on which manual axes each
-      # output varies over: the step branch's fresh counters are invarying, the
-      # carried ones varying. Every output gets the union of both.
-      out_types = jax.eval_shape(step, *operands)
-      varying = (
-          jax.tree.map(_varying, out_types[0]),
-          *jax.tree.map(lambda o, i: _varying(o) | _varying(i), out_types[1:], operands),
-      )
+      update_types = jax.eval_shape(step, *operands)[0]
 
       def wait(acc, ex_state, opt_state):
-        zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), out_types[0])
+        zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), update_types)
         return zeros, acc, _silence(ex_state), opt_state
 
-      def branch(fn):
-        return lambda *ops: jax.tree.map(_vary, fn(*ops), varying)
-
-      new_updates, acc, ex_state, opt_state = lax.cond(
-          state.mini_step == k - 1, branch(step), branch(wait), *operands
-      )
+      new_updates, acc, ex_state, opt_state = parallel.replicated_cond(state.mini_step == k - 1, step, wait, *operands)
     new_state = LocalStepsState(
         mini_step=(state.mini_step + 1) % k,
         local=core.WorkerLocal(residual=acc, metrics={}),

@@ -116,14 +116,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax import lax
 
 from jaxcomp import core
 from jaxcomp import parallel
 from jaxcomp import transforms
 from jaxcomp import two_phase
 from jaxcomp.compressors.ef_signsgd import EFSignSGD, ScaledSignPayload
-from jaxcomp.compressors.local_steps import _vary, _varying  # the lax.cond typing of local steps
 from jaxcomp.compressors.signsgd import sign_bits
 from jaxcomp.count import Count
 
@@ -218,7 +216,7 @@ def scale_by_onebit_adam(
       (default: the paper's compressed reduce-scatter and all-gather with a
       server error), ``"all_gather"`` (no server error) or ``"auto"``.
     **compress_kwargs: :func:`jaxcomp.compress`'s ``skip``, ``min_size``,
-      ``seed``, ``nonfinite`` for the 1-bit exchange (``skip`` and
+      ``seed``, ``nonfinite``, ``bucket_bytes`` for the 1-bit exchange (``skip`` and
       ``min_size`` keep tensors in float after the freeze).
 
   Returns:
@@ -233,10 +231,11 @@ def scale_by_onebit_adam(
   if compress_kwargs.get("error_feedback") is False:
     raise ValueError("1-bit Adam's compression is error-compensated: error_feedback cannot be False.")
   compress_kwargs.pop("error_feedback", None)
-  unexpected = sorted(set(compress_kwargs) - {"skip", "min_size", "seed", "nonfinite"})
+  unexpected = sorted(set(compress_kwargs) - {"skip", "min_size", "seed", "nonfinite", "bucket_bytes"})
   if unexpected:
     raise TypeError(f"onebit_adam got unexpected keyword arguments {unexpected}.")
-  warm_tx = transforms.compress(None, axis_name=axis_name)
+  warm_tx = transforms.compress(None, axis_name=axis_name, **{
+      k: v for k, v in compress_kwargs.items() if k == "bucket_bytes"})
   onebit_tx = transforms.compress(OneBitAdamSign(), axis_name=axis_name, error_feedback=True,
                                   exchange=exchange, **compress_kwargs)
   routed = exchange != "all_gather"
@@ -275,15 +274,8 @@ def scale_by_onebit_adam(
       return mu, nu, _silenced(warm_state), _traced(onebit_state)
 
     operands = (state.mu, state.nu, state.warmup, state.compressed)
-    # Under shard_map both branches must agree on which manual axes each output varies over.
-    types = [jax.eval_shape(fn, *operands) for fn in (warm, compressed)]
-    varying = jax.tree.map(lambda a, b: _varying(a) | _varying(b), *types)
-
-    def branch(fn):
-      return lambda *ops: jax.tree.map(_vary, fn(*ops), varying)
-
-    mu, nu, warm_state, onebit_state = lax.cond(
-        state.count >= freeze_step, branch(compressed), branch(warm), *operands)
+    mu, nu, warm_state, onebit_state = parallel.replicated_cond(
+        state.count >= freeze_step, compressed, warm, *operands)
     count = optax.safe_increment(state.count)
     mu_hat = optax.tree.bias_correction(mu, b1, count)
     nu_hat = optax.tree.bias_correction(nu, b2, jnp.minimum(count, freeze_step))

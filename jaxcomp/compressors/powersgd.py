@@ -137,7 +137,7 @@ class PowerSGD(core.Compressor):
   def exchange(self, x, key, axis_name, state):
     n, m, r = self.matrix(x.shape)
     if r == 0:
-      mean = parallel.pmean(x, axis_name)
+      mean = (yield core.Message("mean", x)) if parallel.axis_names(axis_name) else x
       return core.Exchanged(mean=mean, own=x, payload=UncompressedPayload(x), wire_bytes=x.nbytes, state=None)
     mat = x.reshape(n, m)
     if self.warm_start:
@@ -148,9 +148,9 @@ class PowerSGD(core.Compressor):
       draw, next_key = jax.random.split(state)
       q_prev = jax.random.normal(draw, (m, r), jnp.float32)
     p_local = mat @ q_prev
-    p = orthogonalize(parallel.pmean(p_local, axis_name))
+    p = orthogonalize((yield core.Message("mean", p_local)) if parallel.axis_names(axis_name) else p_local)
     q_local = mat.T @ p
-    q = parallel.pmean(q_local, axis_name)
+    q = (yield core.Message("mean", q_local)) if parallel.axis_names(axis_name) else q_local
     approx = (p @ q.T).reshape(x.shape)
     alive = jnp.sum(q * q, axis=0) > 0
     new_state = jnp.where(alive, q, q_prev) if self.warm_start else next_key

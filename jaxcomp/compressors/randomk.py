@@ -190,7 +190,7 @@ class RandomK(core.Compressor):
     self.validate(x.shape, x.dtype)
     idx, next_state = self.indices(state, n)
     payload = RandomKPayload(values=x.reshape(-1)[idx].astype(jnp.float32))
-    total = parallel.psum(payload.values, axis_name) if parallel.axis_names(axis_name) else payload.values
+    total = (yield core.Message("sum", payload.values)) if parallel.axis_names(axis_name) else payload.values
     factor = n / self.k(n) if self.scale else 1.0
     scatter = lambda v: jnp.zeros((n,), jnp.float32).at[idx].set(v * factor, unique_indices=True).reshape(x.shape)
     mean = scatter(total / parallel.axis_size(axis_name))

@@ -201,7 +201,7 @@ class ThreeLC(core.Compressor):
       return core.Exchanged(mean=own, own=own, payload=payload, wire_bytes=wire, state=None, metrics=rounds)
 
     payload = lax.optimization_barrier(payload)  # materialized before the collective, as parallel.exchange does
-    gathered = parallel.all_gather(payload, axis_name)
+    gathered = yield core.Message("gather", payload)
     all_fit = jnp.all(gathered.length <= cap)
     workers = gathered.scale.shape[0]
 

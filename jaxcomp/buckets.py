@@ -1,0 +1,237 @@
+"""Buckets: a model's tensors exchanged in a few fused collectives.
+
+Exchanging a model tensor by tensor costs one or two collectives per tensor
+(ResNet-110: about 660 a step), and each pays a fixed latency before a byte
+moves. XLA combines the all-reduces of a float ``pmean`` but, on CPU, has no
+such pass for all-gathers or all-to-alls. So the tensors are grouped into
+buckets, as Horovod's fusion buffer and PyTorch DDP's gradient buckets group
+them, and every collective round of a bucket runs once for all its tensors.
+
+How: every exchange (:func:`jaxcomp.parallel.exchange_steps`,
+:func:`jaxcomp.two_phase.two_phase_steps`, the compressors' own) is a
+generator that yields a :class:`~jaxcomp.core.Message` per collective it
+needs and gets the result back. :func:`run` advances a bucket's exchanges in
+lockstep; at each round it joins the messages of one kind into one buffer,
+runs one collective on it and hands every exchange its own part back:
+
+* ``"gather"`` and ``"all_to_all"`` move bytes: every array is viewed as
+  bytes (``uint8``), the bucket's arrays are laid end to end, and the result
+  is cut and viewed back;
+* ``"max"``, ``"sum"`` and ``"mean"`` reduce element by element: arrays of
+  one dtype are laid end to end and reduced by one collective per dtype.
+
+Every kind acts element by element, so a tensor's result is the same, bit
+for bit, whether its messages travel alone or in a bucket, and each exchange
+counts its own bytes exactly as before: a fused collective hands the sum of
+its parts. (A float sum over more than two processes is the one caveat: a
+ring all-reduce may add a value's terms in an order that depends on where the
+value sits in the buffer. And where a compressor does float matrix products around its
+messages, PowerSGD, XLA:CPU may compile them with other fusions in the bucketed program than
+in the per-tensor one, which round differently by a few ulp: measured with one device per
+worker, not with vmap inside shard_map.) Rounds that run inside a ``lax.cond`` (3LC's
+zero-run fallback) call their collectives directly and stay per tensor.
+
+The buckets (:func:`assign`) are filled in reverse order of the gradient
+leaves, about ``bucket_bytes`` of float32 gradient each: the last layers,
+whose gradients backpropagation produces first, go first, as in DDP (Li et
+al., "PyTorch Distributed: Experiences on Accelerating Data Parallel
+Training", VLDB 2020, §3.2.3 and §4.2).
+
+The default, :data:`DEFAULT_BUCKET_BYTES` = 25 MiB, is DDP's ``bucket_cap_mb``;
+Horovod's fusion buffer is 64 MiB. Measured over emulated links
+(``docs/benchmarks.md``, "Whole models over links") a whole ResNet-110 (7 MB
+of float32) in one bucket is what makes its compressed step pay.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from jaxcomp import core
+from jaxcomp import parallel
+
+DEFAULT_BUCKET_BYTES = 25 * 2**20
+
+
+def check_bucket_bytes(bucket_bytes: Any) -> None:
+  """Raises a clear error unless ``bucket_bytes`` is an int >= 0."""
+  if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, (int, np.integer)) or bucket_bytes < 0:
+    raise ValueError(f"bucket_bytes must be an int >= 0 (0: one exchange per tensor); got {bucket_bytes!r}.")
+
+
+def assign(sizes: Sequence[int], bucket_bytes: int) -> list[list[int]]:
+  """Tensors' indices grouped into buckets of about ``bucket_bytes`` (static).
+
+  Args:
+    sizes: every tensor's size in bytes (of float32 gradient), in leaf order.
+    bucket_bytes: a bucket is closed once it holds at least this many bytes;
+      a tensor larger than that fills one alone. ``0``: every tensor alone,
+      in leaf order (the per-tensor exchange).
+
+  Returns:
+    The buckets in the order they are exchanged, each a list of leaf indices:
+    leaves are taken from the last to the first.
+  """
+  check_bucket_bytes(bucket_bytes)
+  if bucket_bytes == 0:
+    return [[i] for i in range(len(sizes))]
+  out, current, filled = [], [], 0
+  for i in reversed(range(len(sizes))):
+    current.append(i)
+    filled += int(sizes[i])
+    if filled >= bucket_bytes:
+      out.append(current)
+      current, filled = [], 0
+  if current:
+    out.append(current)
+  return out
+
+
+def run(steps: Sequence[Any], sizes: Sequence[int], bucket_bytes: int, axis_name: parallel.AxisName) -> list[Any]:
+  """Runs every exchange of ``steps``, each bucket's in lockstep with fused collectives.
+
+  Args:
+    steps: one exchange per tensor: a generator of
+      :class:`~jaxcomp.core.Message` s that returns its result, or a result.
+    sizes: every tensor's bytes of float32 gradient.
+    bucket_bytes: the buckets' size (:func:`assign`); ``0``: every exchange
+      runs alone, each message (each array of a payload) in its own collective.
+    axis_name: the worker axis. Buckets are fused only over a device axis
+      (``shard_map``, ``pmap``, several processes): over ``vmap``-simulated
+      workers alone nothing crosses a wire, and every exchange runs alone.
+
+  Returns:
+    The exchanges' results, in the order of ``steps``.
+  """
+  results = [None] * len(steps)
+  fuse = bucket_bytes > 0 and any(
+      parallel._is_device_axis(n) for n in parallel.axis_names(axis_name))  # pylint: disable=protected-access
+  for group in assign(sizes, bucket_bytes):
+    if fuse:
+      for i, r in zip(group, _lockstep([steps[i] for i in group], axis_name)):
+        results[i] = r
+    else:
+      for i in group:
+        results[i] = parallel.run(steps[i], axis_name)
+  return results
+
+
+def _lockstep(steps: Sequence[Any], axis_name: parallel.AxisName) -> list[Any]:
+  """Advances the exchanges together: per round, one fused collective per message kind."""
+  results = [None] * len(steps)
+  pending = {}
+
+  def advance(i, reply):
+    try:
+      pending[i] = steps[i].send(reply)
+    except StopIteration as done:
+      results[i] = done.value
+
+  for i, s in enumerate(steps):
+    if inspect.isgenerator(s):
+      advance(i, None)
+    else:
+      results[i] = s
+  while pending:
+    current = dict(pending)
+    pending.clear()
+    kinds = {}
+    for i, message in current.items():
+      kinds.setdefault(message.kind, []).append(i)
+    for kind, ids in kinds.items():
+      for i, reply in zip(ids, deliver([current[i].tree for i in ids], kind, axis_name)):
+        advance(i, reply)
+  return results
+
+
+def deliver(trees: Sequence[Any], kind: str, axis_name: parallel.AxisName) -> list[Any]:
+  """The results of one message of ``kind`` per tree, by one collective (per dtype for reductions).
+
+  A payload of several arrays (codes and a scale) is joined too, even alone.
+  """
+  flat = [jax.tree.flatten(t) for t in trees]
+  leaves = [jnp.asarray(leaf) for ls, _ in flat for leaf in ls]
+  if len(leaves) <= 1:  # nothing to join
+    return [parallel.deliver(core.Message(kind, t), axis_name) for t in trees]
+  # Each array is computed as it would be alone: without the barrier XLA may fuse its producer
+  # into the join, and a fused producer can round differently (XLA:CPU computes a dot fused into
+  # a loop in another order than its matrix-multiply kernel: PowerSGD's P = M Q moved by 1 ulp).
+  leaves = list(lax.optimization_barrier(leaves))
+  if kind == "gather":
+    out = _moved(leaves, lambda buf: parallel.all_gather(buf, axis_name), lead=0)
+  elif kind == "all_to_all":
+    out = _moved(leaves, lambda buf: parallel.all_to_all(buf, axis_name), lead=1)
+  elif kind in ("max", "sum", "mean"):
+    out = _reduced(leaves, kind, axis_name)
+  else:
+    raise ValueError(f"unknown message kind {kind!r}; expected one of {core.MESSAGE_KINDS}.")
+  out = list(lax.optimization_barrier(out))  # and each result is used as it would be alone
+  results, start = [], 0
+  for ls, treedef in flat:
+    results.append(treedef.unflatten(out[start:start + len(ls)]))
+    start += len(ls)
+  return results
+
+
+def _as_bytes(a: jax.Array, lead: int) -> jax.Array:
+  """``a`` as ``uint8``, its first ``lead`` axes kept and the rest flattened into one axis of bytes."""
+  head = a.shape[:lead]
+  if a.dtype == jnp.bool_:
+    a = a.astype(jnp.uint8)
+  if a.dtype != jnp.uint8:
+    a = lax.bitcast_convert_type(a, jnp.uint8)  # itemsize 1: same shape; else one more axis of bytes
+  return a.reshape(head + (-1,))
+
+
+def _from_bytes(b: jax.Array, like: jax.Array, lead: int) -> jax.Array:
+  """The inverse of :func:`_as_bytes`: ``b``'s last axis read as ``like``'s trailing shape and dtype.
+
+  ``b`` has the leading axes the collective produced (a new worker axis for a
+  gather, the same worker axis for an all-to-all) and one axis of bytes.
+  """
+  head = b.shape[:-1]
+  shape = head + like.shape[lead:]
+  dtype = like.dtype
+  if dtype == jnp.bool_:
+    return b.reshape(shape).astype(jnp.bool_)
+  if dtype == jnp.uint8:
+    return b.reshape(shape)
+  size = dtype.itemsize
+  if size == 1:
+    return lax.bitcast_convert_type(b, dtype).reshape(shape)
+  return lax.bitcast_convert_type(b.reshape(head + (-1, size)), dtype).reshape(shape)
+
+
+def _moved(leaves: list[jax.Array], collective, lead: int) -> list[jax.Array]:
+  """A byte-moving collective over all ``leaves`` at once: one buffer, cut back into the leaves."""
+  parts = [_as_bytes(a, lead) for a in leaves]
+  moved = collective(jnp.concatenate(parts, axis=-1))
+  out, start = [], 0
+  for a, part in zip(leaves, parts):
+    width = part.shape[-1]
+    out.append(_from_bytes(lax.slice_in_dim(moved, start, start + width, axis=moved.ndim - 1), a, lead))
+    start += width
+  return out
+
+
+def _reduced(leaves: list[jax.Array], kind: str, axis_name: parallel.AxisName) -> list[jax.Array]:
+  """An elementwise reduction of all ``leaves``: one collective per dtype over their values end to end."""
+  out = [None] * len(leaves)
+  by_dtype = {}
+  for i, a in enumerate(leaves):
+    by_dtype.setdefault(a.dtype, []).append(i)
+  for ids in by_dtype.values():
+    joined = jnp.concatenate([leaves[i].reshape(-1) for i in ids])
+    reduced = parallel.deliver(core.Message(kind, joined), axis_name)
+    start = 0
+    for i in ids:
+      n = leaves[i].size
+      out[i] = reduced[start:start + n].reshape(leaves[i].shape)
+      start += n
+  return out

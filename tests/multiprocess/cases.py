@@ -1,0 +1,44 @@
+"""The multi-process test's cases, shared by the worker processes and the vmap reference.
+
+CASES[name](num_workers) -> (make_tx(axis_name), grads(step) with a leading worker axis, steps).
+ALSO[name]: more transforms the worker runs on the same gradients, by the prefix of their outputs.
+"""
+
+import jax
+import jax.numpy as jnp
+import optax
+
+import jaxcomp
+
+
+def _grads(num_workers, nan_at=None):
+  """Every worker's gradients, identical in every process (each picks its own row)."""
+
+  def grads(step):
+    k = jax.random.PRNGKey(100 + step)
+    g = {"w": jax.random.normal(k, (num_workers, 37, 11)), "b": jax.random.normal(k, (num_workers, 11)) * 0.1}
+    if step == nan_at:  # worker 1's gradient is not finite: every worker skips the step
+      g["w"] = g["w"].at[1, 0, 0].set(jnp.nan)
+    return g
+
+  return grads
+
+
+def _wrapped(axis):
+  chain = optax.chain(jaxcomp.terngrad(axis_name=axis), optax.sgd(0.1, momentum=0.9))
+  return jaxcomp.apply_if_finite(jaxcomp.multi_steps(chain, 2), 1, axis_name=axis)
+
+
+CASES = {
+    "terngrad": lambda n: (lambda axis: jaxcomp.terngrad(axis_name=axis), _grads(n), 2),
+    # Exchanges at steps 1 and 4 (step 2 is skipped everywhere, so multi_steps does not count it).
+    "wrappers": lambda n: (_wrapped, _grads(n, nan_at=2), 5),
+}
+
+# Buckets across processes: int8 (with error feedback, so residuals too) per tensor and bucketed.
+ALSO = {
+    "terngrad": {
+        "int8_per_tensor_": lambda axis: jaxcomp.int8(axis_name=axis, bucket_bytes=0),
+        "int8_bucketed_": lambda axis: jaxcomp.int8(axis_name=axis),
+    },
+}
