@@ -302,13 +302,14 @@ def modelled_seconds(method: str, n: int, processes: int, link: str, latency: fl
 
 
 def table_rows(docs):
-  """Table rows ``(processes, link, n, method, median_s, bytes, speedup, wire_ratio, modelled_s)``."""
+  """Rows of flat-vector results: ``(processes, link, n, method, median_s, bytes, speedup, wire_ratio, modelled_s)``."""
   rows = []
   for doc in docs:
     by_n = {}
     for r in doc["results"]:
-      by_n.setdefault((r.get("model", ""), r["n"]), []).append(r)
-    for (_, n), results in sorted(by_n.items()):
+      if "model" not in r:
+        by_n.setdefault(r["n"], []).append(r)
+    for n, results in sorted(by_n.items()):
       base = next((r for r in results if r["method"] == "none"), None)
       for r in results:
         speedup = base["median_s"] / r["median_s"] if base else None
@@ -319,6 +320,36 @@ def table_rows(docs):
   return rows
 
 
+def model_rows(docs):
+  """Rows of whole-model results: ``(processes, link, model, tensors, method, median_s, collectives,
+  bytes, speedup, wire_ratio)``, speedups over the float ``none`` of the same model and document."""
+  rows = []
+  for doc in docs:
+    by_model = {}
+    for r in doc["results"]:
+      if "model" in r:
+        by_model.setdefault(r["model"], []).append(r)
+    for model, results in by_model.items():
+      base = next((r for r in results if r["method"] == "none"), None)
+      for r in results:
+        speedup = base["median_s"] / r["median_s"] if base else None
+        ratio = base["bytes_on_wire"] / r["bytes_on_wire"] if base else None
+        rows.append((doc["processes"], doc["link"], model, r["tensors"], r["method"], r["median_s"],
+                     sum(r["collectives"].values()), r["bytes_on_wire"], speedup, ratio))
+  return rows
+
+
+def _model_table(rows) -> None:
+  fmt = lambda v, spec: "" if v is None else format(v, spec)
+  print("| processes | link | model (tensors) | method | median s | collectives | bytes on the wire "
+        "| speedup | wire ratio | speedup / wire ratio |")
+  print("|---:|---|---|---|---:|---:|---:|---:|---:|---:|")
+  for p, link, model, tensors, method, t, ops, b, sp, ratio in rows:
+    eff = sp / ratio if sp is not None and method != "none" else None
+    print(f"| {p} | {link} | {model} ({tensors}) | `{method}` | {t:.3f} | {ops} | {b:,} | "
+          f"{fmt(sp, '.2f')} | {fmt(ratio, '.1f')} | {fmt(eff, '.2f')} |")
+
+
 def report(paths, plot=None, sizes=None) -> int:
   """Prints the documents at ``paths`` as one Markdown table (only ``sizes``, if given); with
   ``plot``, draws the speedups of every size."""
@@ -326,7 +357,16 @@ def report(paths, plot=None, sizes=None) -> int:
   for path in paths:
     with open(path) as f:
       docs.append(json.load(f))
+  models = model_rows(docs)
+  if models:
+    _model_table(models)
+    print()
   every = table_rows(docs)
+  if not every:
+    if plot:
+      _plot([(p, link, f"{m} ({k})", meth, t, b, sp, ratio, None) for p, link, m, k, meth, t, _, b, sp, ratio
+             in models], plot)
+    return 0
   rows = [r for r in every if not sizes or r[2] in sizes]
   fmt = lambda v, spec: "" if v is None else format(v, spec)
   print("| processes | link | n | method | median s | bytes on the wire | speedup | wire ratio "
@@ -365,7 +405,7 @@ def _plot(rows, path) -> None:
     for j, n in enumerate(sizes):
       cell = {r[3]: r for r in rows if (r[0], r[1], r[2]) == (p, link, n) and r[6] is not None}
       xs = [i + (j - (len(sizes) - 1) / 2) * width for i, m in enumerate(methods) if m in cell]
-      ax.bar(xs, [cell[m][6] for m in methods if m in cell], width, label=f"n = {n:,}")
+      ax.bar(xs, [cell[m][6] for m in methods if m in cell], width, label=f"n = {n:,}" if isinstance(n, int) else str(n))
       ax.scatter(xs, [cell[m][7] for m in methods if m in cell], marker="_", color="k", s=80, zorder=3)
     ax.set_title(f"{p} processes, {link}")
     ax.set_xticks(range(len(methods)), [m.replace(":", "\n") for m in methods], rotation=60,

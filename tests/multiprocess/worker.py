@@ -58,8 +58,8 @@ def run(tx, prefix):
     upd, state = step(g, state)
     for k, v in upd.items():
       got[f"{prefix}{k}{t}"] = np.asarray(v.addressable_data(0))
-  residual = getattr(getattr(state, "local", None), "residual", {})
-  for k, v in residual.items():
+  residual = getattr(getattr(state, "local", None), "residual", None)
+  for k, v in (residual.items() if isinstance(residual, dict) else ()):
     if hasattr(v, "addressable_data"):  # none where the compressor keeps no residual
       got[f"{prefix}residual_{k}"] = np.asarray(v.addressable_data(0))
   return got
