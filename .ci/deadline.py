@@ -3,9 +3,9 @@
 Usage: python3 .ci/deadline.py [--grace SECONDS] SECONDS COMMAND [ARG...]
 
 The command runs in a session of its own. If it still runs after SECONDS,
-every process of that session that handles SIGUSR1 is sent it (the pytest
-processes: tests/conftest.py makes each write every thread's stack and the
-tests it is running), the session's processes are listed, and after the grace
+the session's processes are listed, every one that handles SIGUSR1 is sent it
+in turn (the pytest processes: tests/conftest.py makes each write every
+thread's stack and the tests it is running), and after the grace
 period (10 s) they are sent SIGTERM, then SIGKILL. Exits with the command's
 status, or 124 (as coreutils' timeout) when the limit ended it. Standard
 library only: .ci/run calls it with the system's python3.
@@ -71,7 +71,9 @@ def _end(proc, limit, grace):
     print(f"  {pid:>7} (parent {ppid:>7})  {cmdline[:200]}", flush=True)
   reporting = [pid for pid in processes if _handles(pid, signal.SIGUSR1)]
   _say(f"SIGUSR1 to {reporting or 'none'} (every thread's stack, the running tests)")
-  _signal_all(reporting, signal.SIGUSR1)
+  for pid in reporting:  # one at a time: their reports share the terminal
+    _signal_all([pid], signal.SIGUSR1)
+    time.sleep(1)
   time.sleep(grace)
   for signum in (signal.SIGTERM, signal.SIGKILL):
     _say(f"{signal.Signals(signum).name} to the session's processes")
