@@ -45,8 +45,11 @@ quickstart: $(STAMP)
 ## The whole test suite (what CI runs). Two pytest workers, whole files each (module
 ## fixtures stay in one process; the launcher's link tests never overlap): compiling,
 ## the suite's main cost, is mostly single-threaded, so a second worker uses the second core.
+## A worker that dies (a crash, or a test over its time limit) fails the run: xdist would
+## otherwise start a new worker that runs the rest of the file from the same test, up to
+## 8 times over.
 test: debian-packages $(STAMP)
-	$(PY) -m pytest -n 2 --dist loadfile --durations=25 tests
+	$(PY) -m pytest -n 2 --dist loadfile --max-worker-restart=0 --durations=25 tests
 
 ## A development subset: codecs, compressors, transforms, README and repository checks (the
 ## layout-equivalence, dtype/shape and non-finite sweeps and the notebook runs are left to

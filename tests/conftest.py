@@ -1,10 +1,26 @@
-"""Test set-up: 8 host CPU devices for the multi-device tests.
+"""Test set-up: 8 host CPU devices for the multi-device tests; a suite that never hangs.
 
 XLA reads XLA_FLAGS once, when JAX first initialises its backend, so this has
 to happen before anything imports jax.
+
+Time limits (pyproject.toml sets pytest-timeout's per-test limit, .ci/deadline.py
+the whole run's): a test over its limit has its name and every thread's stack
+written to the terminal, then its process exits. Under pytest-xdist that
+process is a worker, whose stdout is not the terminal (pytest-timeout's own
+report would be lost), so the report goes to a copy of stderr taken here; the
+controller then reports the test as crashed and, with ``--max-worker-restart=0``
+(Makefile), stops the run instead of running it again in a new worker. SIGUSR1
+(sent by .ci/deadline.py when the whole run is over its limit) makes every
+pytest process write every thread's stack and the tests it is running.
 """
 
+import faulthandler
 import os
+import signal
+import threading
+import time
+
+import pytest
 
 _FLAG = "--xla_force_host_platform_device_count=8"
 if _FLAG not in os.environ.get("XLA_FLAGS", ""):
@@ -22,7 +38,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 
 def pytest_configure(config):
-  """A compilation cache for this pytest process, so tests that build the same step reuse it.
+  """Reports of time limits (below), and a compilation cache for this pytest process.
 
   Many tests compile identical programs (a training step of the same config,
   the same exchange in several layouts); JAX's persistent cache keys a
@@ -31,7 +47,7 @@ def pytest_configure(config):
   Set through jax.config, not the environment: the processes that tests start
   (multi-process training, the launcher) keep compiling on their own.
   """
-  del config
+  _report_time_limits(config)
   import atexit  # pylint: disable=g-import-not-at-top
   import shutil  # pylint: disable=g-import-not-at-top
   import tempfile  # pylint: disable=g-import-not-at-top
@@ -41,3 +57,82 @@ def pytest_configure(config):
   cache = tempfile.mkdtemp(prefix="jaxcomp-tests-xla-cache-")
   atexit.register(shutil.rmtree, cache, True)
   jax.config.update("jax_compilation_cache_dir", cache)
+
+
+# Where the reports of time limits go: a copy of the process's stderr, taken in
+# pytest_configure (output capturing is suspended then), so that neither
+# capturing nor an xdist worker's redirected stdout swallows them.
+_report = None
+# The tests this process runs now, by node id, with their start times. In an
+# xdist controller these are the tests the workers run.
+_running = {}
+
+
+def _write(text):
+  _report.write(text)
+  _report.flush()
+
+
+def _write_running(signum=None, frame=None):
+  """Writes the tests this process is running and for how long (a SIGUSR1 handler)."""
+  del signum, frame
+  now = time.monotonic()
+  lines = [f"  {nodeid} (running for {now - start:.0f} s)\n" for nodeid, start in list(_running.items())]
+  _write(f"pytest process {os.getpid()}: tests running now:\n" + ("".join(lines) or "  none\n"))
+
+
+def _report_time_limits(config):
+  """Opens the report stream and makes SIGUSR1 write every thread's stack and the running tests."""
+  global _report
+  _report = os.fdopen(os.dup(2), "w", buffering=1)
+  # faulthandler writes the stacks from its C signal handler, even while the
+  # main thread is blocked in XLA, then chains to the Python handler, which
+  # runs once the main thread executes Python again.
+  signal.signal(signal.SIGUSR1, _write_running)
+  faulthandler.register(signal.SIGUSR1, file=_report, all_threads=True, chain=True)
+
+  def restore():
+    faulthandler.unregister(signal.SIGUSR1)
+    signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+    _report.close()
+
+  config.add_cleanup(restore)
+
+
+def pytest_runtest_logstart(nodeid, location):
+  del location
+  _running[nodeid] = time.monotonic()
+
+
+def pytest_runtest_logfinish(nodeid, location):
+  del location
+  _running.pop(nodeid, None)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_handlecrashitem(crashitem, report, sched):
+  """An xdist worker died while running ``crashitem``: it runs no more."""
+  del report, sched
+  _running.pop(crashitem, None)
+
+
+def _time_out(item, seconds):
+  """Names the test, writes every thread's stack and ends this process (pytest-timeout's thread method)."""
+  _write(f"\n{'+' * 30} Timeout {'+' * 30}\n{item.nodeid} ran longer than its {seconds:g} s limit "
+         f"(process {os.getpid()}); every thread's stack, the test's in the main thread:\n")
+  faulthandler.dump_traceback(file=_report, all_threads=True)
+  _write(f"{'+' * 69}\n")
+  os._exit(1)  # pylint: disable=protected-access
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_timeout_set_timer(item, settings):
+  """Starts the timer of pytest-timeout's ``thread`` method, reporting to the terminal."""
+  if settings.method != "thread":
+    return None  # pytest-timeout's own
+  timer = threading.Timer(settings.timeout, _time_out, (item, settings.timeout))
+  timer.name = f"timeout {item.nodeid}"
+  timer.daemon = True
+  timer.start()
+  item.cancel_timeout = timer.cancel  # what pytest-timeout calls when the test ends
+  return True

@@ -105,6 +105,7 @@ def test_alexnet_runlocal_stand_in(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # 190 s alone on two cores with other jobs running
 def test_googlenet_runlocal_stand_in(tmp_path):
   """GoogLeNet at 32x32 (stand-in), floating baseline end to end.
 

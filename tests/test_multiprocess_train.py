@@ -28,7 +28,9 @@ from experiments import train
 
 from _processes import free_port
 
-pytestmark = pytest.mark.slow  # worker processes: a minute or more on two cores
+# Worker processes: a minute or more on two cores. The module's training fixture counts
+# against its first test's time limit (90 s with other jobs on the machine).
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)

@@ -96,6 +96,7 @@ def test_link_step_without_root_says_so(monkeypatch, tmp_path):
     zoo.run_link(zoo.Zoo("configs/zoo.py:runlocal", str(tmp_path)), 1, False)
 
 
+@pytest.mark.timeout(600)  # 87 s alone on two cores with other jobs running
 def test_runlocal_runs_then_reports_from_files_alone(tmp_path, monkeypatch, capfd):
   # In this process (JAX is up already); the sweep's training runs are subprocesses, on one device each.
   monkeypatch.chdir(ROOT)
