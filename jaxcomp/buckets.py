@@ -10,9 +10,10 @@ them, and every collective round of a bucket runs once for all its tensors.
 How: every exchange (:func:`jaxcomp.parallel.exchange_steps`,
 :func:`jaxcomp.two_phase.two_phase_steps`, the compressors' own) is a
 generator that yields a :class:`~jaxcomp.core.Message` per collective it
-needs and gets the result back. :func:`run` advances a bucket's exchanges in
-lockstep; at each round it joins the messages of one kind into one buffer,
-runs one collective on it and hands every exchange its own part back:
+needs and gets the result back. :func:`run` advances the exchanges in
+lockstep; at each round it joins a bucket's messages of one kind into one
+buffer (the agreements of every bucket into one), runs one collective on it
+and hands every exchange its own part back:
 
 * ``"gather"`` and ``"all_to_all"`` move bytes: every array is viewed as
   bytes (``uint8``), the bucket's arrays are laid end to end, and the result
@@ -94,7 +95,7 @@ def assign(sizes: Sequence[int], bucket_bytes: int) -> list[list[int]]:
 
 
 def run(steps: Sequence[Any], sizes: Sequence[int], bucket_bytes: int, axis_name: parallel.AxisName) -> list[Any]:
-  """Runs every exchange of ``steps``, each bucket's in lockstep with fused collectives.
+  """Runs every exchange of ``steps`` in lockstep, with one fused collective per bucket and round.
 
   Args:
     steps: one exchange per tensor: a generator of
@@ -109,21 +110,24 @@ def run(steps: Sequence[Any], sizes: Sequence[int], bucket_bytes: int, axis_name
   Returns:
     The exchanges' results, in the order of ``steps``.
   """
-  results = [None] * len(steps)
   fuse = bucket_bytes > 0 and any(
       parallel._is_device_axis(n) for n in parallel.axis_names(axis_name))  # pylint: disable=protected-access
-  for group in assign(sizes, bucket_bytes):
-    if fuse:
-      for i, r in zip(group, _lockstep([steps[i] for i in group], axis_name)):
-        results[i] = r
-    else:
-      for i in group:
-        results[i] = parallel.run(steps[i], axis_name)
-  return results
+  if not fuse:
+    return [parallel.run(s, axis_name) for s in steps]
+  bucket_of = {i: b for b, group in enumerate(assign(sizes, bucket_bytes)) for i in group}
+  return _lockstep(steps, bucket_of, axis_name)
 
 
-def _lockstep(steps: Sequence[Any], axis_name: parallel.AxisName) -> list[Any]:
-  """Advances the exchanges together: per round, one fused collective per message kind."""
+def _lockstep(steps: Sequence[Any], bucket_of: dict[int, int], axis_name: parallel.AxisName) -> list[Any]:
+  """Advances every exchange together, round by round, with one collective per bucket and kind.
+
+  Agreements (``"max"``: a few scalars per tensor) are joined across all
+  buckets into one collective per round: a bucket's encoding waits for its
+  agreement, and with all of them agreed at once, XLA may run one bucket's
+  collective while the next bucket encodes (XLA:CPU's runtime runs
+  independent operations concurrently; GPU runtimes overlap communication
+  streams likewise).
+  """
   results = [None] * len(steps)
   pending = {}
 
@@ -141,10 +145,11 @@ def _lockstep(steps: Sequence[Any], axis_name: parallel.AxisName) -> list[Any]:
   while pending:
     current = dict(pending)
     pending.clear()
-    kinds = {}
-    for i, message in current.items():
-      kinds.setdefault(message.kind, []).append(i)
-    for kind, ids in kinds.items():
+    groups = {}
+    for i in sorted(current, key=lambda i: (bucket_of[i], i)):
+      kind = current[i].kind
+      groups.setdefault((kind, -1 if kind == "max" else bucket_of[i]), []).append(i)
+    for (kind, _), ids in groups.items():
       for i, reply in zip(ids, deliver([current[i].tree for i in ids], kind, axis_name)):
         advance(i, reply)
   return results
