@@ -418,15 +418,8 @@ def exchange_steps(
   return core.Exchanged(mean, own, payload, wire, state, metrics)
 
 
-def exchange(
-    compressor: core.Compressor,
-    x: jax.Array,
-    key: jax.Array,
-    axis_name: AxisName,
-    state: Any = None,
-    *,
-    need_own: bool = False,
-) -> core.Exchanged:
+def exchange(compressor: core.Compressor, x: jax.Array, key: jax.Array, axis_name: AxisName,
+             state: Any = None, *, need_own: bool = False) -> core.Exchanged:
   """Compresses ``x`` on every worker and returns the mean of all workers.
 
   The default exchange of one tensor: agree, encode, ``all_gather``,

@@ -424,15 +424,8 @@ def _phase2(compressor, shard, shard_residual, lay, key, axis_name):
   return mean[:lay.n], new_residual, sent
 
 
-def two_phase_exchange(
-    compressor: core.Compressor,
-    x: jax.Array,
-    key: jax.Array,
-    axis_name: parallel.AxisName,
-    shard_residual: Optional[jax.Array] = None,
-    *,
-    need_own: bool = False,
-) -> TwoPhaseResult:
+def two_phase_exchange(compressor: core.Compressor, x: jax.Array, key: jax.Array, axis_name: parallel.AxisName,
+                       shard_residual: Optional[jax.Array] = None, *, need_own: bool = False) -> TwoPhaseResult:
   """The two-phase exchange of one tensor, run on its own (see :func:`two_phase_steps`)."""
   return parallel.run(two_phase_steps(compressor, x, key, axis_name, shard_residual, need_own=need_own),
                       axis_name)
