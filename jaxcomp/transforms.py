@@ -134,18 +134,19 @@ def _resolve_skip(skip: SkipSpec, tree: Any, min_size: int, everything: bool = F
   return flags
 
 
+def _dtype(leaf: Any) -> Any:
+  return leaf.dtype if hasattr(leaf, "dtype") else jnp.asarray(leaf).dtype
+
+
 def _is_float(leaf: Any) -> bool:
-  dtype = jnp.asarray(leaf).dtype if not hasattr(leaf, "dtype") else leaf.dtype
-  return jnp.issubdtype(dtype, jnp.floating)
+  return jnp.issubdtype(_dtype(leaf), jnp.floating)
 
 
-def _check_float(leaf: Any, path: str = "") -> None:
+def _check_float(leaf: Any, path: str) -> None:
   if not _is_float(leaf):
-    dtype = jnp.asarray(leaf).dtype if not hasattr(leaf, "dtype") else leaf.dtype
-    where = f" at {path!r}" if path else ""
     raise TypeError(
-        f"jaxcomp compresses floating-point gradients; got a leaf of dtype {dtype}{where}. Mark it in `skip` "
-        "(it then passes through untouched) or leave it out of the gradients.")
+        f"jaxcomp compresses floating-point gradients; got a leaf of dtype {_dtype(leaf)} at {path!r}. "
+        "Mark it in `skip` (it then passes through untouched) or leave it out of the gradients.")
 
 
 def _pass_through_skipped_nonfloat(
@@ -417,9 +418,7 @@ def compress(
   tracked_re = re.compile(tensor_metrics) if tensor_metrics else None
 
   def plan(tree) -> _Plan:
-    leaves, treedef = jax.tree.flatten(tree)
-    for leaf in leaves:
-      _check_float(leaf)
+    leaves, treedef = jax.tree.flatten(tree)  # all float: see _pass_through_skipped_nonfloat
     skipped = _resolve_skip(skip, tree, min_size, compressor is None)
     tracked = {}
     if tracked_re is not None:
