@@ -41,6 +41,7 @@ import optax
 
 from jaxcomp import core
 from jaxcomp import parallel
+from jaxcomp import transforms
 from jaxcomp.compressors.local_steps import _silence, _traced, local_steps
 from jaxcomp.count import Count
 
@@ -136,8 +137,7 @@ def apply_if_finite(
     )
 
   def update_fn(updates, state, params=None, **extra_args):
-    bad = jnp.logical_not(jnp.all(jnp.array([jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(updates)])))
-    bad = bad.astype(jnp.uint8)
+    bad = jnp.any(jnp.array([transforms.is_nonfinite(g) for g in jax.tree.leaves(updates)])).astype(jnp.uint8)
     if flag_bytes:
       bad = parallel.pmax(bad, axis_name)
     isfinite = bad == 0
