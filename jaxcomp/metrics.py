@@ -67,16 +67,31 @@ def metrics(opt_state: Any) -> dict[str, Union[Count, jax.Array]]:
       for x in jax.tree.leaves(opt_state, is_leaf=lambda x: isinstance(x, core.WorkerLocal))
       if isinstance(x, core.WorkerLocal)
   ]
+  traced = any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(found))
+  out = _combine(found) if traced else _combine_jit(found)
+  if "float32_bytes" not in out:
+    _explain_missing(opt_state)
+  return out
+
+
+def _combine(found: list[dict[str, Count]]) -> dict[str, Union[Count, jax.Array]]:
+  """Every transform's counters summed, each reduced over workers, and the two ratios."""
   out: dict[str, Any] = {}
   for m in found:
     for k, v in m.items():
       v = v.sum() if k in SUMMED_OVER_WORKERS else v.mean()
       out[k] = out[k] + v if k in out else v
-  if "float32_bytes" not in out:
-    _explain_missing(opt_state)
-  out["compression_ratio"] = _ratio(out["float32_bytes"], out["bytes_on_wire"])
-  out["compressed_ratio"] = _ratio(out["compressed_float32_bytes"], out["compressed_bytes_on_wire"])
+  if "float32_bytes" in out:
+    out["compression_ratio"] = _ratio(out["float32_bytes"], out["bytes_on_wire"])
+    out["compressed_ratio"] = _ratio(out["compressed_float32_bytes"], out["compressed_bytes_on_wire"])
   return out
+
+
+# Called on arrays (not under a trace), the counters are combined by one compiled program.
+# Eagerly they would be some fifty small programs, and on a state laid over several devices
+# each reduction over workers is a cross-device program: XLA:CPU deadlocks on many such
+# programs in flight at once under load (docs/design.md, "Host devices").
+_combine_jit = jax.jit(_combine)
 
 
 def _explain_missing(opt_state: Any) -> None:

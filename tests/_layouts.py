@@ -101,16 +101,12 @@ def run_layouts(make_tx, params, grads_fn, n_workers, steps=2):
     outs = []
     for step in range(steps):
       upd, state = run(grads_fn(step), state)
-      # Wait for the step's collectives before dispatching more work: on XLA:CPU
-      # a host op on the 8 devices' shards, dispatched while a collective still
-      # waits for its participants, can hold the threads the collective needs
-      # (the rendezvous then times out and aborts the process).
+      # Wait for the step before dispatching more work: several cross-device programs in flight
+      # at once can deadlock XLA:CPU's host devices under load (docs/design.md, "Host devices").
       jax.block_until_ready((upd, state))
       outs.append(upd)
-    # The metrics from host copies: on a sharded state they would be more
-    # cross-device programs, and under load a worker died by SIGABRT in
-    # exactly those right after the exchange (XLA:CPU's collectives; never
-    # reproduced alone). What is compared is the values, so nothing is lost.
+    # The metrics from host copies: no cross-device program at all. What is compared is the
+    # values, so nothing is lost.
     state = jax.device_get(state)
     results[layout] = (outs, jaxcomp.metrics(state), state)
   return results

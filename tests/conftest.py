@@ -26,10 +26,9 @@ _FLAG = "--xla_force_host_platform_device_count=8"
 if _FLAG not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FLAG).strip()
 # The 8 devices' collectives meet in a rendezvous that XLA:CPU aborts the whole
-# process on after a termination timeout. On a loaded 2-core machine (two pytest
-# workers and other jobs) a participant's thread can be starved that long: a
-# test_layouts_agree worker died by SIGABRT that way with no Python error. A
-# longer limit lets a slow rendezvous finish; a real deadlock still ends.
+# process on after a termination timeout (40 s by default). A participant starved
+# on a loaded 2-core machine still arrives within the longer limit; a deadlock
+# (docs/design.md, "Host devices") ends in SIGABRT (`pytest -s` shows XLA's log).
 _TIMEOUT = "--xla_cpu_collective_call_terminate_timeout_seconds"
 if _TIMEOUT not in os.environ["XLA_FLAGS"]:
   os.environ["XLA_FLAGS"] += f" {_TIMEOUT}=180"
