@@ -115,6 +115,7 @@ class Start(NamedTuple):
   state: TrainState
   step: int  # the last step done (0: a fresh run)
   history: list[dict[str, float]]  # the train rows of metrics.csv up to ``step``
+  interval: tuple[dict[str, Any], ...] = ()  # each step's metrics since the last train row
 
 
 def restore(run: Run) -> Start:
@@ -134,4 +135,4 @@ def restore(run: Run) -> Start:
   else:
     state, step = run.init_state(), 0
   history = writers.resume_metrics(os.path.join(run.workdir, "metrics.csv"), step)
-  return Start(state, step, history)
+  return Start(state, step, history, writers.resume_interval(run.workdir, step))

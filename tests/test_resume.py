@@ -1,6 +1,8 @@
 """Checkpoint and resume lose nothing.
 
 * A killed-and-resumed run is bit-identical to an uninterrupted one.
+* SIGTERM (preemption) at any step: the run saves that step and exits with
+  code 75; resumed, it ends bit-identical, ``metrics.csv`` included.
 * A checkpoint that fails to read (truncated or missing data file, corrupt
   metadata) is reported, moved aside, and the next older one is restored;
   with none left the run stops with one clear error, or starts afresh.
@@ -11,7 +13,12 @@ One uninterrupted run and one run stopped after step 12 (checkpoints 5 and
 
 import csv
 import os
+import re
 import shutil
+import signal
+import subprocess
+import sys
+import time
 
 import jax
 import numpy as np
@@ -19,6 +26,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from configs import terngrad_lenet
+from experiments import preemption
 from experiments import state as state_lib
 from experiments import train
 
@@ -93,6 +101,33 @@ def test_resume_bit_identical(tmp_path, uninterrupted, stopped):
   _, sa = _final_state(a)
   residuals = [np.asarray(x) for p, x in jax.tree_util.tree_flatten_with_path(sa)[0] if "residual" in str(p)]
   assert residuals and any(np.abs(r).max() > 0 for r in residuals)
+
+
+def test_sigterm_saves_its_step_and_resumes_bit_identical(tmp_path, monkeypatch, uninterrupted):
+  """SIGTERM during step 7 (mid log interval, no checkpoint due): checkpoint 7, exit 75, resume."""
+  reached = preemption.Watcher.reached
+
+  def sigterm_at_7(self, step):
+    if step == 7:
+      os.kill(os.getpid(), signal.SIGTERM)  # the real signal, to this process's own handler
+    return reached(self, step)
+
+  monkeypatch.setattr(preemption.Watcher, "reached", sigterm_at_7)
+  handler = signal.getsignal(signal.SIGTERM)
+  b = tmp_path / "b"
+  with pytest.raises(preemption.Preempted) as stop:
+    train.train_and_evaluate(_config(), str(b))
+  assert stop.value.code == preemption.PREEMPTED_EXIT_CODE == 75
+  assert stop.value.step == 7 and stop.value.checkpoint == str(b / "checkpoints" / "7")
+  assert signal.getsignal(signal.SIGTERM) is handler  # put back
+  assert sorted(os.listdir(b / "checkpoints")) == ["5", "7"]
+  # Every row up to step 7 is written; steps 6 and 7 (the open interval) are kept beside them.
+  assert [(r["step"], r["split"]) for r in _rows(b)] == [("4", "train"), ("5", "train")]
+  assert (b / "metrics_interval.npz").exists()
+
+  monkeypatch.setattr(preemption.Watcher, "reached", reached)
+  assert train.train_and_evaluate(_config(), str(b))["resumed_from_step"] == 7
+  _assert_same_run(uninterrupted[0], b)
 
 
 def _largest_data_file(step_dir):
@@ -185,3 +220,36 @@ def test_save_errors_name_the_step_and_path(tmp_path, monkeypatch):
                               "OSError: [Errno 28] No space left on device")
   assert error.value.__cause__ is None and error.value.__context__ is None
 
+
+def test_cli_sigterm_at_any_step_and_unreadable_checkpoints(tmp_path):
+  """``python -m experiments.train``: SIGTERM from outside at whatever step it is at; then a
+  restart over checkpoints that all fail to read stops with one exception, no orbax noise."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  cmd = [sys.executable, "-m", "experiments.train", "--config",
+         "configs/terngrad_lenet.py:runlocal,dataset=mnist5k", "--workdir", str(tmp_path),
+         "--config.workers=4", "--config.num_train_steps=100000", "--config.checkpoint_every=5",
+         "--config.log_every=4", "--config.eval_every=0", "--config.progress=False"]
+  env = dict(os.environ, PYTHONPATH=root)
+  proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True)
+  deadline = time.monotonic() + 240
+  while not (tmp_path / "checkpoints" / "5").exists() and proc.poll() is None:
+    assert time.monotonic() < deadline, "no checkpoint of step 5 in time"
+    time.sleep(0.05)
+  proc.send_signal(signal.SIGTERM)
+  _, err = proc.communicate(timeout=120)
+  assert proc.returncode == 75, err[-3000:]
+  stop = re.search(r"preempted after step (\d+) \(saved (\S+)\); exit code 75", err)
+  assert stop, err[-3000:]
+  step = int(stop.group(1))
+  assert step >= 5 and stop.group(2) == str(tmp_path / "checkpoints" / str(step))
+  assert max(int(s) for s in os.listdir(tmp_path / "checkpoints")) == step  # the step it was at
+  assert all(int(r["step"]) <= step for r in _rows(tmp_path))
+  assert "Traceback" not in err
+
+  for name in os.listdir(tmp_path / "checkpoints"):
+    _truncate(tmp_path / "checkpoints" / name)
+  res = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=240)
+  assert res.returncode == 1
+  assert res.stderr.count("Traceback") == 1 and "Event loop is closed" not in res.stderr, res.stderr
+  assert f"CheckpointError: no readable checkpoint in {tmp_path / 'checkpoints'}: step(s) {step}" in res.stderr
