@@ -7,6 +7,9 @@
 * A process SIGKILLed after a checkpoint stops the run (its peer fails fast,
   within the heartbeat timeout); restarted, the run resumes from that
   checkpoint and ends bit-identical to the uninterrupted 2-process run.
+* SIGTERM to ``experiments.launch`` (preemption): both processes stop after
+  the same step (JAX's preemption sync point), save it, exit with 75, and so
+  does the launcher; restarted, the run ends bit-identical.
 """
 
 import csv
@@ -180,6 +183,45 @@ def test_killed_process_resumes_bit_identical(runs, tmp_path):
 
   resumed = summaries(wait(launch(tmp_path, ["onebit"], *options))[0][0])["onebit"]
   assert resumed["resumed_from_step"] == 2 and resumed["steps"] == 4
+  step_a, state_a = final_checkpoint(root / "mp" / "onebit")
+  step_b, state_b = final_checkpoint(tmp_path / "onebit")
+  assert step_a == step_b == 4
+  assert_states_close(state_a, state_b, atol=0)
+  assert metric_rows(tmp_path / "onebit") == metric_rows(root / "mp" / "onebit")
+
+
+def launch_with_launcher(out_dir, names, *options, cache=None):
+  """Runs ``experiments.launch --processes NPROC`` of the worker; returns (exit code, output)."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=4",
+             PYTHONPATH=ROOT)
+  if cache is not None:  # the restart loads what the first launch compiled
+    env.update(JAX_COMPILATION_CACHE_DIR=str(cache), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+  cmd = [sys.executable, "-m", "experiments.launch", "--processes", str(NPROC), "--grace", "120", "--",
+         os.path.join(HERE, "multiprocess", "train_worker.py"), str(out_dir), ",".join(names), *options]
+  proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                        text=True, timeout=600)
+  return proc.returncode, proc.stdout
+
+
+def test_sigterm_to_the_launcher_saves_and_resumes_bit_identical(runs, tmp_path):
+  """The launcher gets SIGTERM after step 1; both processes save the same step, exit 75; rerun."""
+  root, _, _ = runs
+  options = ["--steps=4", "--checkpoint_every=4"]
+  code, out = launch_with_launcher(tmp_path, ["onebit"], *options, "--sigterm_parent_at=1",
+                                   cache=tmp_path / "cache")
+  assert code == 75, out[-4000:]
+  stops = {line.split("]")[0]: line for line in out.splitlines() if "preempted after step" in line}
+  assert set(stops) == {"[rank0", "[rank1"}, out[-4000:]
+  saved = final_checkpoint(tmp_path / "onebit")[0]
+  assert 1 <= saved < 4  # after the signal, before the end: the step both processes agreed on
+  assert all(f"preempted after step {saved} (saved " in line for line in stops.values()), stops
+  assert "rank(s) 0, 1 were preempted" in out and "exiting with code 75" in out
+  assert [r["step"] for r in metric_rows(tmp_path / "onebit")] == (["2"] if saved >= 2 else [])
+
+  code, out = launch_with_launcher(tmp_path, ["onebit"], *options, cache=tmp_path / "cache")
+  assert code == 0, out[-4000:]
+  assert summaries("\n".join(line.split(": ", 1)[-1] for line in out.splitlines()
+                             if line.startswith("[rank0]: ")))["onebit"]["resumed_from_step"] == saved
   step_a, state_a = final_checkpoint(root / "mp" / "onebit")
   step_b, state_b = final_checkpoint(tmp_path / "onebit")
   assert step_a == step_b == 4
