@@ -7,7 +7,12 @@ over the mesh's ``"devices"`` axis (:func:`state_shardings`).
 
 from __future__ import annotations
 
+import gc
+import logging as pylogging
 import os
+import sys
+import time
+import types
 from typing import Any, NamedTuple, Optional
 
 from absl import logging
@@ -197,6 +202,8 @@ class Checkpointer:
                                 args=self._ocp.args.StandardRestore(abstract))
       except Exception as e:  # pylint: disable=broad-exception-caught
         error = _cause(e)
+      if error is not None:
+        _collect_orbax_leftovers()
       errors = _gather_errors(error)
       if not errors:
         return state
@@ -233,6 +240,50 @@ class Checkpointer:
   def close(self) -> None:
     self.wait()
     self._mngr.close()
+
+
+def _collect_orbax_leftovers(timeout: float = 5.0) -> None:
+  """Waits for the reads a failed orbax restore leaves behind, and collects them quietly.
+
+  orbax stops its event loop at the first array that fails to read and
+  closes it with the other reads still under way. Each of those leaves
+  reports behind, printed at some later moment in the middle of training:
+  "Event loop is closed" when it ends, and, when the garbage collector
+  destroys it, asyncio's "Task exception was never retrieved" and orbax's
+  "Encountered error while reading array index" with a page of TensorStore
+  spec. Here the reads are waited for (``timeout`` seconds at most) and
+  collected at once, and those reports dropped; the failure itself is
+  reported in one line.
+  """
+  previous = sys.unraisablehook
+
+  def hook(unraisable):
+    if not (_is_orbax_coroutine(unraisable.object) or
+            (isinstance(unraisable.exc_value, RuntimeError)
+             and str(unraisable.exc_value) == "Event loop is closed")):
+      previous(unraisable)
+
+  never_retrieved = pylogging.Filter()
+  never_retrieved.filter = lambda record: "exception was never retrieved" not in record.getMessage()
+  asyncio_log = pylogging.getLogger("asyncio")
+  sys.unraisablehook = hook
+  asyncio_log.addFilter(never_retrieved)
+  try:
+    deadline = time.monotonic() + timeout
+    while True:
+      gc.collect()
+      pending = sum(_is_orbax_coroutine(o) and o.cr_frame is not None for o in gc.get_objects())
+      if not pending or time.monotonic() > deadline:
+        break
+      time.sleep(0.02)
+  finally:
+    asyncio_log.removeFilter(never_retrieved)
+    sys.unraisablehook = previous
+
+
+def _is_orbax_coroutine(obj) -> bool:
+  return (isinstance(obj, types.CoroutineType)
+          and f"{os.sep}orbax{os.sep}" in obj.cr_code.co_filename)
 
 
 def _sync(name: str) -> None:
