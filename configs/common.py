@@ -209,6 +209,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval_every = 1000  # 0: only at the end
   c.checkpoint_every = 0  # 0: no checkpoints; else save (and resume from) workdir/checkpoints
   c.checkpoint_keep = 2  # checkpoints kept
+  # A checkpoint that fails to read is moved to workdir/checkpoints.damaged and the next older
+  # one is tried; when none is left the run stops, or with True starts again from step 0.
+  c.start_afresh_if_unreadable = False
   c.profile_steps = 0  # > 0: time this many extra steps at the end, split into compute and exchange
   # > 1: trace this training step with the JAX profiler (clu.periodic_actions.Profile) into
   # workdir/plugins/profile, for TensorBoard's Profile tab; 0: no trace.

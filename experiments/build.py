@@ -115,15 +115,24 @@ class Start(NamedTuple):
   state: TrainState
   step: int  # the last step done (0: a fresh run)
   history: list[dict[str, float]]  # the train rows of metrics.csv up to ``step``
+  interval: tuple[dict[str, Any], ...] = ()  # each step's metrics since the last train row
 
 
 def restore(run: Run) -> Start:
-  """The latest checkpoint's state and the metrics up to it, else the initial state."""
-  if run.checkpointer is not None and run.checkpointer.latest_step() is not None:
-    state = run.checkpointer.restore(run.state)
+  """The latest readable checkpoint's state and the metrics up to it, else the initial state.
+
+  A checkpoint that fails to read is moved aside and the next older one is
+  tried (:meth:`experiments.state.Checkpointer.restore`); ``metrics.csv`` is
+  cut back to the step restored.
+  """
+  state = None
+  if run.checkpointer is not None:
+    afresh = run.config.get("start_afresh_if_unreadable", False)
+    state = run.checkpointer.restore(run.state, afresh)
+  if state is not None:
     step = int(state.step)
     logging.info("resumed from the checkpoint of step %d", step)
   else:
     state, step = run.init_state(), 0
   history = writers.resume_metrics(os.path.join(run.workdir, "metrics.csv"), step)
-  return Start(state, step, history)
+  return Start(state, step, history, writers.resume_interval(run.workdir, step))

@@ -59,7 +59,9 @@ When a process dies, the others stop within
 ``config.distributed.heartbeat_timeout_seconds`` (a collective with it fails
 at once, the coordination service then ends them); started again with the
 same workdir, the run resumes from its last checkpoint and ends as if nothing
-had happened.
+had happened. On SIGTERM (a SLURM time limit, a preemption) the processes
+instead stop after the same step, save it and exit with code 75
+(:mod:`experiments.preemption`).
 
 ``python -m experiments.distributed`` is a self-check: every process
 contributes ``rank + 1`` per local device to one ``psum`` under

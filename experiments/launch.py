@@ -28,19 +28,39 @@ A program turns these into ``jax.distributed.initialize(...)`` by calling
 
 Failures. The launcher watches its processes. When one exits with a non-zero
 code or is killed by a signal, it sends SIGTERM to the others (their whole
-process groups), SIGKILL after ``--grace`` seconds (JAX's preemption notifier
-catches SIGTERM, so a JAX process usually needs the SIGKILL), prints which rank failed
-and how (``rank 1 was killed by signal SIGKILL (9)``) and exits non-zero: the
-failed process's exit code, or 128 + the signal number. Without the launcher,
-a survivor of a dead peer would wait for JAX's heartbeat timeout (100 s by
-default) and then abort with a C++ stack trace; the launcher also passes a
-shorter ``--heartbeat-timeout`` down. ``--timeout-no-output SECONDS`` ends a
-run in which no process has written a line for that long (a hang). If the
-launcher itself is killed (SIGKILL), its processes die with it (Linux
-parent-death signal). Exit codes: 0 when every process exited 0; the failed
-process's code or 128 + its signal; 1 for a link down or a run without output;
-128 + the signal when the launcher is interrupted (130 for Ctrl-C); 2 for the
-launcher's own errors (no root, no iproute2, a namespace it could not build).
+process groups), SIGKILL after at most 5 s (``--grace``, if shorter; they
+cannot save a checkpoint without the failed process), prints which rank
+failed and how (``rank 1 was killed by signal SIGKILL (9)``) and exits
+non-zero: the failed process's exit code, or 128 + the signal number. Without
+the launcher, a survivor of a dead peer would wait for JAX's heartbeat
+timeout (100 s by default) and then abort with a C++ stack trace; the
+launcher also passes a shorter ``--heartbeat-timeout`` down.
+``--timeout-no-output SECONDS`` ends a run in which no process has written a
+line for that long (a hang). If the launcher itself is killed (SIGKILL), its
+processes die with it (Linux parent-death signal).
+
+Preemption. When the launcher receives SIGTERM (a SLURM time limit or
+``scancel``, Kubernetes, a spot machine's notice; SIGINT and SIGHUP alike),
+it sends SIGTERM to every process and gives them ``--grace`` seconds
+(default 25, below the 30 s SLURM's ``KillWait`` and Kubernetes'
+``terminationGracePeriodSeconds`` give by default) before SIGKILL.
+``experiments.train`` uses them to finish its step, agree on it across the
+processes (JAX's preemption sync point), save a checkpoint and exit with
+code 75 (``experiments.preemption.PREEMPTED_EXIT_CODE``); when every process
+did so, the launcher exits with 75 too: preempted, run the same command again
+to resume. Processes that exit with 75 on their own (they received SIGTERM
+directly, as every task of a SLURM job step does) are not failures either:
+the launcher waits for the others, up to ``--grace`` seconds, and exits with
+75. Under SLURM, run the launcher as the job step (``srun --ntasks=1``) or let
+``srun`` start the processes itself (``experiments.distributed``); either way
+each process gets SIGTERM and the same path applies.
+
+Exit codes: 0 when every process exited 0; 75 when they were preempted and
+saved (every one exited 75, or 0); the failed process's code or 128 + its
+signal; 1 for a link down or a run without output; 128 + the signal when the
+launcher is interrupted and its processes did not all save (143 for SIGTERM,
+130 for Ctrl-C); 2 for the launcher's own errors (no root, no iproute2, a
+namespace it could not build).
 
 Emulated links (``--link RATE[,DELAY]``, needs root and iproute2). Every
 process runs in its own network namespace (``ip netns exec``), attached by a
@@ -86,6 +106,7 @@ from typing import IO, NamedTuple, Sequence
 
 from experiments import distributed
 from experiments import procenv
+from experiments.preemption import PREEMPTED_EXIT_CODE
 
 PREFIX = "jaxc"
 SUBNET = "10.213.0"  # rank r is SUBNET.(r+1); each launch has its own isolated bridge
@@ -94,6 +115,7 @@ _NAME_RE = re.compile(rf"^{PREFIX}(\d+)(?:r\d+|br|h\d+|n\d+)$")
 _RATE_RE = re.compile(r"^\d+(\.\d+)?([kmgt]?(bit|bps))$", re.IGNORECASE)
 _DELAY_RE = re.compile(r"^\d+(\.\d+)?(s|ms|us)$", re.IGNORECASE)
 _POLL = 0.05  # seconds between checks of the processes and links
+FAILURE_GRACE = 5.0  # seconds at most between SIGTERM and SIGKILL for the survivors of a failure
 _LINE_RE = re.compile(rb"[^\r\n]*(?:\r\n|\n|\r)")
 
 
@@ -181,8 +203,14 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
                  help="JAXCOMP_HEARTBEAT_TIMEOUT for the processes (default 30; JAX's own is 100)")
   p.add_argument("--shutdown-timeout", type=int, default=120, metavar="S",
                  help="JAXCOMP_SHUTDOWN_TIMEOUT for the processes (default 120)")
-  p.add_argument("--grace", type=float, default=5.0, metavar="S",
-                 help="seconds between SIGTERM and SIGKILL when ending processes (default 5)")
+  p.add_argument("--grace", type=float, default=25.0, metavar="S",
+                 help="seconds the processes get between the launcher's SIGTERM and its SIGKILL "
+                      "when the launcher is stopped (SIGTERM, SIGINT, SIGHUP): time to finish "
+                      "the step, save a checkpoint and exit with code "
+                      f"{PREEMPTED_EXIT_CODE} (preempted; rerun to resume), which the launcher "
+                      "then exits with; keep it below the scheduler's own grace period "
+                      f"(default 25; after a process failed, the others get at most "
+                      f"{FAILURE_GRACE:g})")
   p.add_argument("--link-timeout", type=float, default=10.0, metavar="S",
                  help="end a --link run whose link has been down this long (default 10)")
   p.add_argument("--timeout-no-output", type=float, default=0.0, metavar="S",
@@ -583,6 +611,36 @@ def _exit_code(returncode: int) -> int:
   return 128 - returncode if returncode < 0 else returncode
 
 
+def _ranks(ranks) -> str:
+  return ", ".join(map(str, ranks))
+
+
+def preempted_outcome(ranks: list[int]) -> Outcome:
+  """Every process exited 0 or 75, and ``ranks`` with 75: preempted, a checkpoint saved."""
+  return Outcome(PREEMPTED_EXIT_CODE,
+                 f"rank(s) {_ranks(ranks)} were preempted: they finished their step, saved a "
+                 f"checkpoint and exited with code {PREEMPTED_EXIT_CODE}; run the same command "
+                 "again to resume")
+
+
+def after_stop(outcome: Outcome, group: Group) -> Outcome:
+  """The outcome of a launch the launcher was told to stop, once its processes have ended.
+
+  If every process saved and exited 75 (or had exited 0), the launch was
+  preempted cleanly: exit 75. Otherwise ``outcome`` (128 + the signal),
+  naming the processes that did not.
+  """
+  codes = {r: p.returncode for r, p in enumerate(group.procs)}
+  preempted = sorted(r for r, code in codes.items() if code == PREEMPTED_EXIT_CODE)
+  others = [r for r, code in codes.items() if code not in (0, PREEMPTED_EXIT_CODE)]
+  if preempted and not others:
+    stopped = preempted_outcome(preempted)
+    return stopped._replace(message=f"{outcome.message}; {stopped.message}")
+  return outcome._replace(message="; ".join(
+      [outcome.message] + [f"rank {r} did not end" if codes[r] is None else describe_exit(r, codes[r])
+                           for r in others]))
+
+
 class _Stop:
   """Set by SIGINT/SIGTERM/SIGHUP: the supervising loop ends the run."""
   signum: int | None = None
@@ -600,6 +658,7 @@ class Supervisor:
     self.group, self.args, self.topology = group, args, topology
     self.exited: dict[int, int] = {}
     self.down_since: dict[int, float] = {}
+    self.preempted_at: float | None = None  # when the first process exited with code 75
 
   def run(self) -> Outcome:
     """Waits for every process to exit 0, or for the first reason to end the run."""
@@ -614,14 +673,21 @@ class Supervisor:
     if _Stop.signum is None:
       return None
     name = signal.Signals(_Stop.signum).name
-    return Outcome(128 + _Stop.signum, f"the launcher received {name}: ending the run")
+    return Outcome(128 + _Stop.signum,
+                   f"the launcher received {name}: SIGTERM to every process, SIGKILL after "
+                   f"{self.args.grace:g} s (--grace)")
 
   def check_exits(self) -> Outcome | None:
-    """The first process to fail (exit code or signal), or success when all exited 0."""
+    """The first process to fail (exit code or signal), or the end when all exited 0 or 75.
+
+    Code 75 (preempted: a checkpoint was saved) is no failure: the others are
+    waited for, ``--grace`` seconds at most.
+    """
+    now = time.monotonic()
     new = {r: p.returncode for r, p in enumerate(self.group.procs)
            if r not in self.exited and p.poll() is not None}
     self.exited.update(new)
-    failed = sorted(r for r, code in new.items() if code != 0)
+    failed = sorted(r for r, code in new.items() if code not in (0, PREEMPTED_EXIT_CODE))
     if failed:
       # Several seen in one poll: a signal death is more likely the cause than an exit code.
       first = min(failed, key=lambda r: (new[r] > 0, r))
@@ -631,8 +697,16 @@ class Supervisor:
       if down:
         msg += f"; the link of rank(s) {', '.join(map(str, down))} was down at the time"
       return Outcome(_exit_code(new[first]), msg)
+    preempted = sorted(r for r, code in self.exited.items() if code == PREEMPTED_EXIT_CODE)
     if len(self.exited) == len(self.group.procs):
-      return Outcome(0, None)
+      return preempted_outcome(preempted) if preempted else Outcome(0, None)
+    if preempted:
+      self.preempted_at = self.preempted_at or now
+      if now - self.preempted_at >= self.args.grace:
+        running = [r for r in range(len(self.group.procs)) if r not in self.exited]
+        return Outcome(1, f"rank(s) {_ranks(running)} still running {self.args.grace:g} s "
+                          f"(--grace) after rank(s) {_ranks(preempted)} exited with code "
+                          f"{PREEMPTED_EXIT_CODE} (preempted)")
     return None
 
   def check_links(self) -> Outcome | None:
@@ -696,11 +770,15 @@ def run(args: argparse.Namespace, program: list[str]) -> int:
       group = start_processes(args, program, topology)
       outcome = Supervisor(group, args, topology).run()
   finally:
-    ended = _teardown(group, topology, args.grace)
+    # Told to stop (preemption), the processes get --grace seconds to save; after a
+    # failure, no more than FAILURE_GRACE (they cannot save without the failed one).
+    stopped = _Stop.signum is not None
+    ended = _teardown(group, topology, args.grace if stopped else min(args.grace, FAILURE_GRACE))
+  if stopped and group is not None:
+    outcome = after_stop(outcome, group)
+  elif ended and outcome.message is not None:
+    outcome = outcome._replace(message=f"{outcome.message}; ended rank(s) {_ranks(ended)}")
   if outcome.message is not None:
-    if ended:
-      outcome = outcome._replace(message=f"{outcome.message}; ended rank(s) "
-                                         f"{', '.join(map(str, ended))}")
     _say(f"{outcome.message}; exiting with code {outcome.code}")
   return outcome.code
 

@@ -13,6 +13,7 @@ import jax
 import numpy as np
 
 from experiments import optimizers
+from experiments import preemption
 from experiments import step as step_lib
 from experiments import writers
 from experiments.build import Run, Start
@@ -31,19 +32,24 @@ class End(NamedTuple):
   last_eval: dict[str, float]  # the last evaluation ({} if none)
   wall_time: float  # seconds since the run (not this invocation) started
   train_time: float  # seconds of it spent in training steps (CSV_DOC["train_time"])
+  preempted: bool = False  # stopped after ``step`` by SIGTERM (experiments.preemption)
 
 
-def loop(run: Run, start: Start, stop_after_steps: Optional[int] = None) -> End:
-  """Trains from ``start.step`` to the end, or for ``stop_after_steps`` steps.
+def loop(run: Run, start: Start, stop_after_steps: Optional[int] = None,
+         watcher: Optional[preemption.Watcher] = None) -> End:
+  """Trains from ``start.step`` to the end, or for ``stop_after_steps`` steps, or until preempted.
 
   Logs train rows, evaluates every ``eval_every`` steps and at the end, and
   saves checkpoints every ``checkpoint_every`` steps and at the end; after
   every step, reports progress and takes the profiler trace (:class:`_Log`).
+  After every step it asks ``watcher`` whether to stop (SIGTERM); if so, it
+  does the step's scheduled work, saves a checkpoint of the step and the
+  metrics of its open train interval, and returns with ``preempted``.
   """
   c = run.config
   train_iter = data_lib.make_pipeline(c.dataset, "train", global_batch_size=c.batch_size,
                                       train=True, start_step=start.step, **run.pipeline_kwargs)
-  state, step, last_eval = start.state, start.step, {}
+  state, step, last_eval, preempted = start.state, start.step, {}, False
   last_step = c.num_train_steps
   if stop_after_steps is not None:
     last_step = min(last_step, start.step + stop_after_steps)
@@ -56,24 +62,31 @@ def loop(run: Run, start: Start, stop_after_steps: Optional[int] = None) -> End:
       log.exclude(state)  # the first step compiles: not training time
     log.step_done(step, state)
     final = step == c.num_train_steps
-    checkpoint_now = run.checkpointer is not None and (step % c.checkpoint_every == 0 or final)
-    # A train row closes at every checkpoint too, so a resumed run writes the same rows.
-    log.train(step, metrics, close=step % c.log_every == 0 or final or checkpoint_now)
+    preempted = watcher is not None and watcher.reached(step) and not final
+    scheduled = run.checkpointer is not None and (step % c.checkpoint_every == 0 or final)
+    checkpoint_now = scheduled or (preempted and run.checkpointer is not None)
+    # A train row closes at every scheduled checkpoint too, so a resumed run writes the same
+    # rows; a preempted step keeps its open interval for the resumed run instead.
+    log.train(step, metrics, close=step % c.log_every == 0 or final or scheduled)
     evaluate_now = (c.eval_every and step % c.eval_every == 0) or final
     if evaluate_now or checkpoint_now:
       log.pause(state)
     if evaluate_now:
       last_eval = log.test(step, step_lib.evaluate(run.eval_step, run.eval_params(state),
                                                    state.batch_stats, run.eval_pipeline))
+    if preempted:
+      writers.save_interval(run.workdir, step, log.pending)
     if checkpoint_now:
       run.checkpointer.save(step, state)
+    if preempted:
+      break
     if evaluate_now or checkpoint_now:
       log.resume()
   log.pause(state)
   log.close()
   if run.checkpointer is not None:
     run.checkpointer.close()
-  return End(state, step, log.history, last_eval, log.elapsed(), log.train_time())
+  return End(state, step, log.history, last_eval, log.elapsed(), log.train_time(), preempted)
 
 
 class TrainClock:
@@ -125,7 +138,8 @@ class _Log:
     self.t_interval = time.time()
     # A resumed run continues the count of its last train row.
     self.clock = TrainClock(self.history[-1].get("train_time", 0.0) if self.history else 0.0)
-    self.pending: list[dict[str, jax.Array]] = []
+    # Each step's metrics since the last train row (a preempted run's, when resuming).
+    self.pending: list[dict[str, jax.Array]] = list(start.interval)
 
   def elapsed(self) -> float:
     return time.time() - self.t_start

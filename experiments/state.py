@@ -7,9 +7,15 @@ over the mesh's ``"devices"`` axis (:func:`state_shardings`).
 
 from __future__ import annotations
 
+import gc
+import logging as pylogging
 import os
+import sys
+import time
+import types
 from typing import Any, NamedTuple, Optional
 
+from absl import logging
 import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding
@@ -99,32 +105,204 @@ def abstract_state(config, mesh, tx, variables) -> TrainState:
                       shapes, state_shardings(mesh, shapes))
 
 
+class CheckpointError(RuntimeError):
+  """A checkpoint could not be saved or read: one line naming the step, the path and the cause.
+
+  The cause is orbax's or tensorstore's innermost error, as text: the original
+  exception is not chained, because its traceback keeps orbax's read and
+  write tasks alive until the interpreter exits, which then prints one
+  "Event loop is closed" traceback for each of them.
+  """
+
+
+def _cause(e: BaseException) -> str:
+  """The innermost explicit cause of ``e`` (orbax wraps tensorstore's error), on one line."""
+  seen = set()
+  while e.__cause__ is not None and id(e) not in seen:
+    seen.add(id(e))
+    e = e.__cause__
+  text = " ".join(str(e).split()) or "(no message)"
+  return f"{type(e).__name__}: {text[:400]}"
+
+
 class Checkpointer:
   """orbax checkpoints of the whole TrainState, keyed by step.
 
   In a multi-process run every process calls every method: orbax writes each
   array's shards from the processes that hold them (process 0 writes the
   replicated ones and the metadata) into the one shared directory.
+
+  :meth:`restore` falls back past damaged checkpoints: one that fails to read
+  (a truncated or missing file, bad metadata) is reported in one line, moved
+  aside to ``<directory>.damaged/<step>`` (never deleted) and the next older
+  one is tried. Failures to save or read raise :class:`CheckpointError`.
   """
 
   def __init__(self, directory: str, config: ml_collections.ConfigDict):
     import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
 
     self._ocp = ocp
+    self.directory = os.path.abspath(directory)
     self._mngr = ocp.CheckpointManager(
-        os.path.abspath(directory),
+        self.directory,
         options=ocp.CheckpointManagerOptions(max_to_keep=config.checkpoint_keep, create=True))
+    self._saving: Optional[int] = None  # the step of a save that may still be under way
+
+  def step_path(self, step: int) -> str:
+    return os.path.join(self.directory, str(step))
 
   def latest_step(self) -> Optional[int]:
     return self._mngr.latest_step()
 
   def save(self, step: int, state: TrainState) -> None:
-    self._mngr.save(step, args=self._ocp.args.StandardSave(state))
+    """Starts saving ``state`` as the checkpoint of ``step`` (orbax finishes it in the background)."""
+    self._check(self._saving, self._mngr.wait_until_finished)  # an earlier save's error is its own
+    self._saving = step
+    self._check(step, lambda: self._mngr.save(step, args=self._ocp.args.StandardSave(state)))
 
-  def restore(self, abstract: TrainState) -> TrainState:
-    """The latest checkpoint, laid out as ``abstract`` (``jax.ShapeDtypeStruct`` with shardings)."""
-    return self._mngr.restore(self._mngr.latest_step(), args=self._ocp.args.StandardRestore(abstract))
+  def wait(self) -> None:
+    """Waits until the last save is complete on disk."""
+    self._check(self._saving, self._mngr.wait_until_finished)
+
+  def _check(self, step: Optional[int], operation) -> None:
+    """Runs an orbax ``operation`` on the checkpoint of ``step``; raises its error as CheckpointError."""
+    message = None
+    try:
+      operation()
+    except Exception as e:  # pylint: disable=broad-exception-caught
+      message = (f"could not save the checkpoint of step {step} at {self.step_path(step)}: "
+                 f"{_cause(e)}")
+    if message is not None:  # raised outside the except clause: nothing keeps orbax's tasks alive
+      raise CheckpointError(message)
+
+  def restore(self, abstract: TrainState, start_afresh: bool = False) -> Optional[TrainState]:
+    """The latest readable checkpoint, laid out as ``abstract``; None if there is none.
+
+    Every process tries the same step; unless all of them read it, it is
+    moved aside and the next older one is tried.
+
+    Args:
+      abstract: the state's ``jax.ShapeDtypeStruct`` leaves, with shardings.
+      start_afresh: when every checkpoint failed to read, return None (the
+        run starts from step 0) instead of raising.
+
+    Raises:
+      CheckpointError: there were checkpoints, none could be read, and not
+        ``start_afresh``.
+    """
+    from etils import epath  # pylint: disable=g-import-not-at-top
+
+    handler = self._ocp.StandardCheckpointHandler()
+    steps = sorted(self._mngr.all_steps(), reverse=True)
+    damaged = []
+    for i, step in enumerate(steps):
+      state, error = None, None
+      try:  # the handler, not the manager: its restore has no barrier a failed process would miss
+        state = handler.restore(epath.Path(self.step_path(step)) / "default",
+                                args=self._ocp.args.StandardRestore(abstract))
+      except Exception as e:  # pylint: disable=broad-exception-caught
+        error = _cause(e)
+      if error is not None:
+        _collect_orbax_leftovers()
+      errors = _gather_errors(error)
+      if not errors:
+        return state
+      state = None
+      damaged.append(step)
+      logging.error("checkpoint of step %d at %s cannot be read: %s; moved it to %s; %s", step,
+                    self.step_path(step), "; ".join(errors), self._move_aside(step),
+                    f"trying step {steps[i + 1]}" if i + 1 < len(steps) else "no older checkpoint")
+    if not damaged:
+      return None
+    message = (f"no readable checkpoint in {self.directory}: step(s) {', '.join(map(str, damaged))} "
+               f"failed to read and were moved to {self.directory}.damaged")
+    if start_afresh:
+      logging.error("%s; starting afresh from step 0 (start_afresh_if_unreadable)", message)
+      return None
+    raise CheckpointError(f"{message}. Set --config.start_afresh_if_unreadable=True to start "
+                          "again from step 0.")
+
+  def _move_aside(self, step: int) -> str:
+    """Moves the checkpoint of ``step`` to ``<directory>.damaged/<step>[-N]`` (process 0); returns where."""
+    base = os.path.join(self.directory + ".damaged", str(step))
+    target, n = base, 1
+    while os.path.exists(target):
+      n += 1
+      target = f"{base}-{n}"
+    _sync("checkpoint read attempt done")  # no process reads it any more
+    if jax.process_index() == 0:
+      os.makedirs(os.path.dirname(target), exist_ok=True)
+      os.rename(self.step_path(step), target)
+    _sync("damaged checkpoint moved")  # every process sees it gone before reloading
+    self._mngr.reload()
+    return target
 
   def close(self) -> None:
-    self._mngr.wait_until_finished()
+    self.wait()
     self._mngr.close()
+
+
+def _collect_orbax_leftovers(timeout: float = 5.0) -> None:
+  """Waits for the reads a failed orbax restore leaves behind, and collects them quietly.
+
+  orbax stops its event loop at the first array that fails to read and
+  closes it with the other reads still under way. Each of those leaves
+  reports behind, printed at some later moment in the middle of training:
+  "Event loop is closed" when it ends, and, when the garbage collector
+  destroys it, asyncio's "Task exception was never retrieved" and orbax's
+  "Encountered error while reading array index" with a page of TensorStore
+  spec. Here the reads are waited for (``timeout`` seconds at most) and
+  collected at once, and those reports dropped; the failure itself is
+  reported in one line.
+  """
+  previous = sys.unraisablehook
+
+  def hook(unraisable):
+    if not (_is_orbax_coroutine(unraisable.object) or
+            (isinstance(unraisable.exc_value, RuntimeError)
+             and str(unraisable.exc_value) == "Event loop is closed")):
+      previous(unraisable)
+
+  never_retrieved = pylogging.Filter()
+  never_retrieved.filter = lambda record: "exception was never retrieved" not in record.getMessage()
+  asyncio_log = pylogging.getLogger("asyncio")
+  sys.unraisablehook = hook
+  asyncio_log.addFilter(never_retrieved)
+  try:
+    deadline = time.monotonic() + timeout
+    while True:
+      gc.collect()
+      pending = sum(_is_orbax_coroutine(o) and o.cr_frame is not None for o in gc.get_objects())
+      if not pending or time.monotonic() > deadline:
+        break
+      time.sleep(0.02)
+  finally:
+    asyncio_log.removeFilter(never_retrieved)
+    sys.unraisablehook = previous
+
+
+def _is_orbax_coroutine(obj) -> bool:
+  return (isinstance(obj, types.CoroutineType)
+          and f"{os.sep}orbax{os.sep}" in obj.cr_code.co_filename)
+
+
+def _sync(name: str) -> None:
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+
+    multihost_utils.sync_global_devices(f"experiments.state: {name}")
+
+
+def _gather_errors(error: Optional[str]) -> list[str]:
+  """Every process's error (``None``: it read the checkpoint), as "process P: ERROR" with several."""
+  if jax.process_count() == 1:
+    return [error] if error is not None else []
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+
+  failed = np.asarray(multihost_utils.process_allgather(np.int32(error is not None)))
+  if not failed.any():
+    return []
+  mine = [f"process {jax.process_index()}: {error}"] if error is not None else []
+  others = [f"process {p}: failed (see its log)" for p in np.flatnonzero(failed)
+            if p != jax.process_index()]
+  return mine + others

@@ -28,7 +28,13 @@ Outputs in ``workdir``:
   ``plugins/profile/``: the profiler trace of ``config.trace_step``, if set.
 * ``summary.json``: config, final test accuracy, bytes on the wire, timing.
 * ``config.json``: the resolved config.
-* ``checkpoints/``: orbax checkpoints (with ``config.checkpoint_every > 0``).
+* ``checkpoints/``: orbax checkpoints (with ``config.checkpoint_every > 0``);
+  ``checkpoints.damaged/``: those that failed to read, moved aside;
+  ``metrics_interval.npz``: a preempted run's open train interval.
+
+Exit codes: 0 done; 75 (:data:`experiments.preemption.PREEMPTED_EXIT_CODE`)
+preempted by SIGTERM after saving a checkpoint: run the same command again to
+resume; 1 an error.
 """
 
 from __future__ import annotations
@@ -37,12 +43,14 @@ from typing import Any, Optional
 
 from absl import app
 from absl import flags
+from absl import logging
 import ml_collections
 from ml_collections import config_flags
 
 from experiments import build
 from experiments import distributed
 from experiments import loop
+from experiments import preemption
 from experiments import validation
 from experiments import writers
 
@@ -63,7 +71,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   started again with the same workdir: parameters, optimizer state with every
   error-feedback residual and PRNG key, EMA, and the step, from which the data
   stream and all randomness continue exactly (a resumed run ends bit-identical
-  to an uninterrupted one; ``tests/test_resume.py``).
+  to an uninterrupted one; ``tests/test_resume.py``). A checkpoint that fails
+  to read is moved to ``workdir/checkpoints.damaged`` and the next older one
+  is tried; with none left the run stops (raises
+  :class:`experiments.state.CheckpointError`) unless
+  ``config.start_afresh_if_unreadable``.
+
+  On SIGTERM (preemption) every process finishes its step, all stop after the
+  same one, save a checkpoint of it and the metrics up to it, and
+  :class:`experiments.preemption.Preempted` is raised: a ``SystemExit`` with
+  code :data:`experiments.preemption.PREEMPTED_EXIT_CODE` (75), "preempted;
+  run again to resume" (``tests/test_resume.py``).
 
   Args:
     config: the experiment config (see ``configs/common.py``).
@@ -74,9 +92,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   config = ml_collections.ConfigDict(config)  # a private, unlocked copy
   distributed.initialize_distributed(config)
   validation.validate_config(config)
-  run = build.build(config, workdir)
-  start = build.restore(run)
-  end = loop.loop(run, start, stop_after_steps)
+  with preemption.Watcher() as watcher:
+    run = build.build(config, workdir)
+    start = build.restore(run)
+    end = loop.loop(run, start, stop_after_steps, watcher)
+  if end.preempted:
+    checkpoint = run.checkpointer.step_path(end.step) if run.checkpointer is not None else None
+    stop = preemption.Preempted(end.step, checkpoint)
+    logging.warning("%s: run the same command again to resume", stop)
+    raise stop
   if end.step < config.num_train_steps:  # stopped early (preemption test)
     return {"steps": end.step, "stopped_early": True}
   timing = loop.profile_step(run, end.state) if config.profile_steps else {}

@@ -86,6 +86,39 @@ def resume_metrics(path: str, start_step: int) -> list[dict[str, float]]:
           for r in rows if r["split"] == "train"]
 
 
+INTERVAL_FILE = "metrics_interval.npz"
+
+
+def save_interval(workdir: str, step: int, metrics: list[dict[str, Any]]) -> None:
+  """Process 0 keeps the metrics of the steps after the last train row, up to ``step``.
+
+  A run preempted in the middle of a logging interval saves them beside its
+  checkpoint, so that the resumed run closes the interval with the same row
+  (dtypes kept: the means are then the same bits).
+  """
+  if not is_writer():
+    return
+  fetched = jax.device_get(metrics)
+  arrays = {k: np.stack([np.asarray(f[k]) for f in fetched]) for k in (fetched[0] if fetched else {})}
+  path = os.path.join(workdir, INTERVAL_FILE)
+  with open(path + ".tmp", "wb") as f:
+    np.savez(f, step=np.int64(step), **arrays)
+  os.replace(path + ".tmp", path)
+
+
+def resume_interval(workdir: str, start_step: int) -> tuple[dict[str, Any], ...]:
+  """The metrics :func:`save_interval` kept, if they were kept at ``start_step``; else none."""
+  path = os.path.join(workdir, INTERVAL_FILE)
+  if not start_step or not os.path.exists(path):
+    return ()
+  with np.load(path) as saved:
+    if int(saved["step"]) != start_step:
+      return ()
+    arrays = {k: saved[k] for k in saved.files if k != "step"}
+  count = len(next(iter(arrays.values()))) if arrays else 0
+  return tuple({k: v[i] for k, v in arrays.items()} for i in range(count))
+
+
 def write(run: Run, start: Start, end: End, timing: dict[str, float]) -> dict[str, Any]:
   """The summary of a finished run; process 0 writes it to ``summary.json``."""
   summary = _summary(run, start, end, timing)

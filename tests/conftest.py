@@ -44,7 +44,8 @@ def pytest_configure(config):
   compiled program by its HLO, flags and devices, so a repeat is loaded, not
   compiled (programs that took at least a second to compile, JAX's default).
   Set through jax.config, not the environment: the processes that tests start
-  (multi-process training, the launcher) keep compiling on their own.
+  (multi-process training, the launcher) keep compiling on their own
+  (``tests/test_multiprocess_train.py`` gives its workers a cache of their own).
   """
   _report_time_limits(config)
   import atexit  # pylint: disable=g-import-not-at-top

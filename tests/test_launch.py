@@ -150,6 +150,57 @@ def test_sigkilled_rank_ends_a_jax_collective_loop():
   assert "ended rank(s) 0" in summary[0]
 
 
+# Every rank prints "up", then on SIGTERM exits with code 75 (as experiments.train does once it
+# has saved) after SAVE_SECONDS; with IGNORE_RANK set, that rank ignores SIGTERM instead. The
+# ranks in SELF_TERM send SIGTERM to themselves, rank r after r seconds.
+SAVES_ON_SIGTERM = """
+import os, signal, sys, time
+rank = os.environ["JAXCOMP_PROCESS_ID"]
+def saved(signum, frame):
+  time.sleep(float(os.environ.get("SAVE_SECONDS", "0")))
+  print("saved", flush=True)
+  sys.exit(75)
+signal.signal(signal.SIGTERM, signal.SIG_IGN if os.environ.get("IGNORE_RANK") == rank else saved)
+print("up", flush=True)
+if rank in os.environ.get("SELF_TERM", "").split(","):
+  time.sleep(int(rank))
+  os.kill(os.getpid(), signal.SIGTERM)
+time.sleep(300)
+"""
+
+
+def test_sigterm_gives_the_ranks_grace_to_save_and_passes_75_through():
+  run = _Running(["--processes", "2", "--grace", "30", "--", "-c", SAVES_ON_SIGTERM], SAVE_SECONDS="1.5")
+  run.wait_for(["[rank0]: up", "[rank1]: up"])
+  run.proc.send_signal(signal.SIGTERM)
+  out = run.finish()
+  assert run.proc.returncode == 75, out
+  assert "[rank0]: saved" in out and "[rank1]: saved" in out  # not killed while saving (1.5 s)
+  assert ("the launcher received SIGTERM: SIGTERM to every process, SIGKILL after 30 s (--grace); "
+          "rank(s) 0, 1 were preempted") in out and "exiting with code 75" in out, out
+
+
+def test_a_rank_that_does_not_save_in_time_is_killed_after_grace():
+  run = _Running(["--processes", "2", "--grace", "1", "--", "-c", SAVES_ON_SIGTERM], IGNORE_RANK="1")
+  run.wait_for(["[rank0]: up", "[rank1]: up"])
+  t0 = time.monotonic()
+  run.proc.send_signal(signal.SIGTERM)
+  out = run.finish()
+  assert run.proc.returncode == 128 + signal.SIGTERM, out
+  assert time.monotonic() - t0 < 30
+  assert "rank 1 was killed by signal SIGKILL" in out and "[rank0]: saved" in out, out
+
+
+def test_ranks_preempted_on_their_own_end_the_launch_with_75():
+  # Each rank gets SIGTERM itself (as every task of a SLURM job step does), rank 1 a second
+  # later: rank 0's exit with 75 is no failure, so rank 1 is left to save too.
+  res, _, _ = _launch(["--processes", "2", "--grace", "30", "--", "-c", SAVES_ON_SIGTERM],
+                      SELF_TERM="0,1")
+  assert res.returncode == 75, res.stderr
+  assert "[rank0]: saved" in res.stdout and "[rank1]: saved" in res.stdout, res.stdout
+  assert "rank(s) 0, 1 were preempted" in res.stderr and "received" not in res.stderr, res.stderr
+
+
 def test_timeout_no_output_ends_a_silent_run():
   res, seconds, _ = _launch(["--processes", "2", "--timeout-no-output", "1", "--",
                              "-c", "import time; time.sleep(300)"])

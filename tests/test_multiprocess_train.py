@@ -7,6 +7,9 @@
 * A process SIGKILLed after a checkpoint stops the run (its peer fails fast,
   within the heartbeat timeout); restarted, the run resumes from that
   checkpoint and ends bit-identical to the uninterrupted 2-process run.
+* SIGTERM to ``experiments.launch`` (preemption): both processes stop after
+  the same step (JAX's preemption sync point), save it, exit with 75, and so
+  does the launcher; restarted, the run ends bit-identical.
 """
 
 import csv
@@ -47,14 +50,29 @@ def _load_train_config():
 train_config = _load_train_config()
 
 
-def launch(out_dir, names, *options):
+def worker_env(cache):
+  """The workers' environment: 4 CPU devices each, and ``cache`` for their compiled programs.
+
+  The module's launches train the same tiny configs, so each compiles what
+  the first one did: with one compilation cache for them all, the later
+  ones load it instead.
+  """
+  return dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=4",
+              JAX_COMPILATION_CACHE_DIR=str(cache), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+  return tmp_path_factory.mktemp("xla_cache")
+
+
+def launch(out_dir, names, *options, cache):
   """Starts NPROC worker processes (4 CPU devices each) training ``names``; returns them."""
   port = free_port()
   procs = []
   for i in range(NPROC):
-    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=4",
-               JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAXCOMP_NUM_PROCESSES=str(NPROC),
-               JAXCOMP_PROCESS_ID=str(i))
+    env = dict(worker_env(cache), JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
+               JAXCOMP_NUM_PROCESSES=str(NPROC), JAXCOMP_PROCESS_ID=str(i))
     cmd = [sys.executable, os.path.join(HERE, "multiprocess", "train_worker.py"), str(out_dir),
            ",".join(names), *options]
     procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
@@ -131,11 +149,11 @@ def assert_states_close(a, b, atol):
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(tmp_path_factory, cache):
   """Every compressor trained by 2 worker processes and, meanwhile, by this process."""
   root = tmp_path_factory.mktemp("train")
   names = list(train_config.COMPRESSORS)
-  procs = launch(root / "mp", names)
+  procs = launch(root / "mp", names, cache=cache)
   single = {n: train.train_and_evaluate(train_config.config(n), str(root / "sp" / n)) for n in names}
   multi = summaries(wait(procs)[0][0])
   return root, single, multi
@@ -165,11 +183,11 @@ def test_two_processes_train_like_one(runs, name):
   assert json.load(open(root / "mp" / name / "summary.json"))["processes"] == NPROC
 
 
-def test_killed_process_resumes_bit_identical(runs, tmp_path):
+def test_killed_process_resumes_bit_identical(runs, tmp_path, cache):
   """Process 1 dies by SIGKILL after the checkpoint of step 2; a restart ends like no failure."""
   root, _, _ = runs
   options = ["--steps=4", "--checkpoint_every=2", "--heartbeat=5"]
-  procs = launch(tmp_path, ["onebit"], *options, "--die_after_checkpoint=2")
+  procs = launch(tmp_path, ["onebit"], *options, "--die_after_checkpoint=2", cache=cache)
   logs, exit_times = wait(procs, timeout=300, check=False)
   assert procs[1].returncode == -signal.SIGKILL, logs[1][-3000:]
   # The survivor stops (its collective fails, then the 5 s heartbeat ends it) instead of
@@ -178,8 +196,43 @@ def test_killed_process_resumes_bit_identical(runs, tmp_path):
   assert exit_times[0] - exit_times[1] < 60
   assert final_checkpoint(tmp_path / "onebit")[0] == 2
 
-  resumed = summaries(wait(launch(tmp_path, ["onebit"], *options))[0][0])["onebit"]
+  resumed = summaries(wait(launch(tmp_path, ["onebit"], *options, cache=cache))[0][0])["onebit"]
   assert resumed["resumed_from_step"] == 2 and resumed["steps"] == 4
+  step_a, state_a = final_checkpoint(root / "mp" / "onebit")
+  step_b, state_b = final_checkpoint(tmp_path / "onebit")
+  assert step_a == step_b == 4
+  assert_states_close(state_a, state_b, atol=0)
+  assert metric_rows(tmp_path / "onebit") == metric_rows(root / "mp" / "onebit")
+
+
+def launch_with_launcher(out_dir, names, *options, cache):
+  """Runs ``experiments.launch --processes NPROC`` of the worker; returns (exit code, output)."""
+  cmd = [sys.executable, "-m", "experiments.launch", "--processes", str(NPROC), "--grace", "120", "--",
+         os.path.join(HERE, "multiprocess", "train_worker.py"), str(out_dir), ",".join(names), *options]
+  proc = subprocess.run(cmd, cwd=ROOT, env=dict(worker_env(cache), PYTHONPATH=ROOT),
+                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
+  return proc.returncode, proc.stdout
+
+
+def test_sigterm_to_the_launcher_saves_and_resumes_bit_identical(runs, tmp_path, cache):
+  """The launcher gets SIGTERM after step 1; both processes save the same step, exit 75; rerun."""
+  root, _, _ = runs
+  options = ["--steps=4", "--checkpoint_every=4"]
+  code, out = launch_with_launcher(tmp_path, ["onebit"], *options, "--sigterm_parent_at=1",
+                                   cache=cache)
+  assert code == 75, out[-4000:]
+  stops = {line.split("]")[0]: line for line in out.splitlines() if "preempted after step" in line}
+  assert set(stops) == {"[rank0", "[rank1"}, out[-4000:]
+  saved = final_checkpoint(tmp_path / "onebit")[0]
+  assert 1 <= saved < 4  # after the signal, before the end: the step both processes agreed on
+  assert all(f"preempted after step {saved} (saved " in line for line in stops.values()), stops
+  assert "rank(s) 0, 1 were preempted" in out and "exiting with code 75" in out
+  assert [r["step"] for r in metric_rows(tmp_path / "onebit")] == (["2"] if saved >= 2 else [])
+
+  code, out = launch_with_launcher(tmp_path, ["onebit"], *options, cache=cache)
+  assert code == 0, out[-4000:]
+  assert summaries("\n".join(line.split(": ", 1)[-1] for line in out.splitlines()
+                             if line.startswith("[rank0]: ")))["onebit"]["resumed_from_step"] == saved
   step_a, state_a = final_checkpoint(root / "mp" / "onebit")
   step_b, state_b = final_checkpoint(tmp_path / "onebit")
   assert step_a == step_b == 4

@@ -5,23 +5,29 @@ Usage (from the repository root)::
   JAX_COORDINATOR_ADDRESS=127.0.0.1:PORT JAXCOMP_NUM_PROCESSES=2 JAXCOMP_PROCESS_ID=I \
   XLA_FLAGS=--xla_force_host_platform_device_count=4 \
       python tests/multiprocess/train_worker.py OUT_DIR COMPRESSOR[,COMPRESSOR...] \
-          [--steps=S] [--checkpoint_every=C] [--heartbeat=SECONDS] [--die_after_checkpoint=K]
+          [--steps=S] [--checkpoint_every=C] [--heartbeat=SECONDS] [--die_after_checkpoint=K] \
+          [--sigterm_parent_at=K]
 
 Runs ``experiments.train.train_and_evaluate`` of ``train_config.config(name)``
 for every name into ``OUT_DIR/name`` and prints each summary as a JSON line;
 ``experiments.train`` initializes ``jax.distributed`` itself from the
 environment. ``--die_after_checkpoint=K``: process 1 SIGKILLs itself once the
 checkpoint of step K is complete (a failure, for the resume test).
+``--sigterm_parent_at=K``: process 1 sends SIGTERM to its parent (the
+launcher) after step K, then waits for JAX's preemption notice to reach every
+process (a preemption, for the preemption test).
 """
 
 import json
 import os
 import signal
 import sys
+import time
 
 # This directory (train_config) is on sys.path already; add the repository root.
 sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
+from experiments import preemption  # noqa: E402
 from experiments import state as state_lib  # noqa: E402
 from experiments import train  # noqa: E402
 import train_config  # noqa: E402
@@ -41,12 +47,34 @@ def die_after_checkpoint(step_to_die: int) -> None:
   state_lib.Checkpointer.save = save_then_die
 
 
+def sigterm_parent_at(step_to_signal: int) -> None:
+  """Makes this process SIGTERM its parent after ``step_to_signal``, as a scheduler would the launcher.
+
+  JAX's notifier looks for SIGTERM once a second; this process waits 3 s
+  before going on, so that every process has the notice while the others are
+  at most a step or two ahead (they wait for this one's collectives), and
+  the sync point falls within a short run.
+  """
+  reached = preemption.Watcher.reached
+
+  def signal_then_reached(self, step):
+    if step == step_to_signal:
+      print(f"worker: SIGTERM to the launcher after step {step}", flush=True)
+      os.kill(os.getppid(), signal.SIGTERM)
+      time.sleep(3)
+    return reached(self, step)
+
+  preemption.Watcher.reached = signal_then_reached
+
+
 def main(argv):
   out_dir, names = argv[1], argv[2].split(",")
   opts = dict(a[2:].split("=", 1) for a in argv[3:])
   kwargs = {k: int(opts[k]) for k in ("steps", "checkpoint_every", "heartbeat") if k in opts}
   if "die_after_checkpoint" in opts and os.environ["JAXCOMP_PROCESS_ID"] == "1":
     die_after_checkpoint(int(opts["die_after_checkpoint"]))
+  if "sigterm_parent_at" in opts and os.environ["JAXCOMP_PROCESS_ID"] == "1":
+    sigterm_parent_at(int(opts["sigterm_parent_at"]))
   for name in names:
     summary = train.train_and_evaluate(train_config.config(name, **kwargs), os.path.join(out_dir, name))
     print(json.dumps({"compressor": name, "summary": summary}), flush=True)
