@@ -80,3 +80,31 @@ def test_convergence_plot_against_epochs(tmp_path, monkeypatch):
   for bad in ([1.0], [1.0, 0.0], [1.0, -2.0]):
     with pytest.raises(ValueError, match="one positive value per run"):
       plots.convergence_plot(dirs, str(png), epochs_per_step=bad)
+
+
+def test_a_sigterm_to_the_sweep_reaches_its_run_and_75_passes_through(tmp_path):
+  """A preempted sweep's SIGTERM goes to the running training command, whose exit status (75) it returns."""
+  import signal  # pylint: disable=g-import-not-at-top
+  import threading  # pylint: disable=g-import-not-at-top
+  import time  # pylint: disable=g-import-not-at-top
+
+  from experiments import sweep  # pylint: disable=g-import-not-at-top
+
+  # A stand-in for a training run: saves (here: nothing) and exits 75 on SIGTERM.
+  run = ("import signal, sys, time\nsignal.signal(signal.SIGTERM, lambda *a: sys.exit(75))\n"
+         "print('ready', flush=True)\ntime.sleep(120)\n")
+  log_path = tmp_path / "log.txt"
+
+  def signal_the_sweep_once_the_run_is_up():
+    deadline = time.monotonic() + 60
+    while "ready" not in log_path.read_text() and time.monotonic() < deadline:
+      time.sleep(0.05)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+  previous = signal.getsignal(signal.SIGTERM)
+  with open(log_path, "w") as log:
+    threading.Thread(target=signal_the_sweep_once_the_run_is_up, daemon=True).start()
+    start = time.monotonic()
+    assert sweep._run_forwarding_sigterm([sys.executable, "-c", run], log) == 75  # pylint: disable=protected-access
+  assert time.monotonic() - start < 60
+  assert signal.getsignal(signal.SIGTERM) is previous  # the sweep's own handling is back
