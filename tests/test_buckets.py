@@ -62,6 +62,8 @@ def _tx(name, axis, bucket_bytes):
   kwargs = dict(axis_name=axis, bucket_bytes=bucket_bytes, min_size=4)
   if name == "local_steps":
     return jaxcomp.make_optimizer("local_steps", optax.sgd(0.1), k=2, exchange="terngrad", **kwargs)
+  if name == "diloco":
+    return jaxcomp.make_optimizer("diloco", optax.sgd(0.1), inner_steps=2, exchange="terngrad", **kwargs)
   if name == "onebit_adam":
     return jaxcomp.make_optimizer("onebit_adam", optax.sgd(0.1), freeze_step=1, **kwargs)
   if name.startswith("two_phase:"):

@@ -70,7 +70,7 @@ def test_each_model_trains(run, model):
   assert s["compressed_ratio"] > 10  # TernGrad's 2-bit codes
 
 
-COMPRESSOR_KWARGS = {"local_steps": {"k": 2}, "onebit_adam": {"freeze_step": 1}}
+COMPRESSOR_KWARGS = {"local_steps": {"k": 2}, "diloco": {"inner_steps": 2}, "onebit_adam": {"freeze_step": 1}}
 # 1-bit Adam is the optimizer: the config's optimizer only applies the learning rate.
 CONFIG_OVERRIDES = {"onebit_adam": {"optimizer": "sgd"}}
 

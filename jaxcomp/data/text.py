@@ -65,6 +65,10 @@ TEST_EVERY = 20
 VOCAB_SIZE = 256
 """Byte-level tokens."""
 
+UNIGRAM_BITS_PER_BYTE = {"gcide": (4.874, 4.876)}
+"""Per corpus: the entropy of the train split's byte frequencies, and the bits per byte of the
+held-out split coded with them (:func:`unigram_bits_per_byte`; checked in the tests)."""
+
 _SOURCE_TAG_LINE = re.compile(rb"^\[[^\]\n]*(?:Webster|WordNet|PJC)[^\]\n]*\][ \t]*\n", re.MULTILINE)
 _INDENT = re.compile(rb"^[ \t]+", re.MULTILINE)
 

@@ -44,14 +44,24 @@ from jaxcomp.models.layers import Dtype, Initializer
 gpt2_normal: Initializer = nn.initializers.normal(0.02)
 
 
-class CausalSelfAttention(nn.Module):
-  """Multi-head self-attention in which position ``t`` attends to positions ``<= t``."""
+class _BlockPart(nn.Module):
+  """The attributes every part of a block shares (see :class:`GPT`)."""
 
-  heads: int
-  residual_init: Initializer
+  residual_init: Initializer = gpt2_normal  # of the projection back into the residual stream
   dropout_rate: float = 0.0
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
+
+  def shared(self) -> dict:
+    """These attributes, to pass on to a part's own parts."""
+    return dict(residual_init=self.residual_init, dropout_rate=self.dropout_rate, dtype=self.dtype,
+                param_dtype=self.param_dtype)
+
+
+class CausalSelfAttention(_BlockPart):
+  """Multi-head self-attention in which position ``t`` attends to positions ``<= t``."""
+
+  heads: int = 1
 
   @nn.compact
   def __call__(self, x: jax.Array, train: bool = False) -> jax.Array:
@@ -69,13 +79,8 @@ class CausalSelfAttention(nn.Module):
     return nn.Dropout(self.dropout_rate)(y, deterministic=not train)
 
 
-class MLPBlock(nn.Module):
+class MLPBlock(_BlockPart):
   """The position-wise feed-forward layer: ``fc`` (4d, GELU) then ``proj`` (d)."""
-
-  residual_init: Initializer
-  dropout_rate: float = 0.0
-  dtype: Dtype = jnp.float32
-  param_dtype: Dtype = jnp.float32
 
   @nn.compact
   def __call__(self, x: jax.Array, train: bool = False) -> jax.Array:
@@ -85,22 +90,17 @@ class MLPBlock(nn.Module):
     return nn.Dropout(self.dropout_rate)(h, deterministic=not train)
 
 
-class Block(nn.Module):
+class Block(_BlockPart):
   """One pre-LN Transformer block: ``x + attn(ln1(x))``, then ``x + mlp(ln2(x))``."""
 
-  heads: int
-  residual_init: Initializer
-  dropout_rate: float = 0.0
-  dtype: Dtype = jnp.float32
-  param_dtype: Dtype = jnp.float32
+  heads: int = 1
 
   @nn.compact
   def __call__(self, x: jax.Array, train: bool = False) -> jax.Array:
-    kw = dict(residual_init=self.residual_init, dropout_rate=self.dropout_rate, dtype=self.dtype,
-              param_dtype=self.param_dtype)
     ln = dict(epsilon=1e-5, dtype=self.dtype, param_dtype=self.param_dtype)
-    x = x + CausalSelfAttention(self.heads, name="attn", **kw)(nn.LayerNorm(name="ln1", **ln)(x), train)
-    return x + MLPBlock(name="mlp", **kw)(nn.LayerNorm(name="ln2", **ln)(x), train)
+    attn = CausalSelfAttention(heads=self.heads, name="attn", **self.shared())
+    x = x + attn(nn.LayerNorm(name="ln1", **ln)(x), train)
+    return x + MLPBlock(name="mlp", **self.shared())(nn.LayerNorm(name="ln2", **ln)(x), train)
 
 
 class GPT(nn.Module):
@@ -153,8 +153,8 @@ class GPT(nn.Module):
     x = nn.Dropout(self.dropout_rate)(x, deterministic=not train)
     residual_init = nn.initializers.normal(0.02 / math.sqrt(2 * self.depth))
     for i in range(self.depth):
-      x = Block(self.heads, residual_init, self.dropout_rate, self.dtype, self.param_dtype,
-                name=f"block{i + 1}")(x, train)
+      x = Block(heads=self.heads, residual_init=residual_init, dropout_rate=self.dropout_rate,
+                dtype=self.dtype, param_dtype=self.param_dtype, name=f"block{i + 1}")(x, train)
     x = nn.LayerNorm(epsilon=1e-5, dtype=self.dtype, param_dtype=self.param_dtype, name="ln_final")(x)
     return embed.attend(x).astype(jnp.float32)
 
