@@ -20,6 +20,13 @@ Commands::
       --config.compressor=int8
   python -m experiments.train --config configs/gpt_text.py:runlocal,diloco --workdir /tmp/gpt_diloco
 
+Measured (``:runlocal``, seed 0, float32 exchange, this project's 2-core machine): held-out
+**2.531 bits per byte** after 1,000 steps (loss 1.755 nats per byte, next-byte accuracy 47.6%;
+2.947 at step 500), against the unigram baseline of 4.874. Training took 19.3 minutes, at 0.84
+steps/s, with the machine shared (load average about 10 on its 2 cores); a 40-step run at a
+quieter moment went at 1.6 steps/s, which is 10.5 minutes for the 1,000 steps. The numbers are
+deterministic: a second run gave the same 3.41725 bits per byte at step 250.
+
 The default (no argument) is the 3.3M-parameter ``gpt`` at context 256, 8 workers, total batch
 64 windows, 20,000 steps; ``model=gpt2_small`` gives GPT-2 small's 124M parameters (context
 1024, for machines with accelerators). ``:runlocal`` is a 0.8M-parameter model at context 128,

@@ -6,8 +6,8 @@ Douillard et al., *DiLoCo: Distributed Low-Communication Training of Language Mo
 communication, giving ``θ_i^(t)``; the workers then average the *outer gradient* (pseudo-gradient)
 ``Δ_i = θ^(t−1) − θ_i^(t)``, and the outer optimizer (SGD with Nesterov momentum 0.9, lr 0.7 in
 the paper, §3) applies the average to ``θ^(t−1)``. Streaming DiLoCo (Douillard et al.,
-arXiv:2501.18512, §2.3) exchanges the pseudo-gradients in low precision (down to 4 bits); here
-any jaxcomp compressor can exchange them (float32 ``pmean`` by default).
+arXiv:2501.18512) exchanges the outer gradients in low precision (4-bit floats, accumulated in
+float32); here any jaxcomp compressor can exchange them (float32 ``pmean`` by default).
 
 In jaxcomp's layout the parameters ``θ`` passed to the train step are the shared (replicated)
 ones; a worker's local parameters are ``θ + offset``, the ``offset`` (``Σ`` of its inner updates
@@ -47,8 +47,8 @@ Decisions (tested in ``tests/test_diloco.py``):
 References:
   Douillard, Feng, Rusu, Chhaparia, Donchev, Kuncoro, Ranzato, Szlam, Shen. *DiLoCo:
   Distributed Low-Communication Training of Language Models*. arXiv:2311.08105, Alg. 1, §3.
-  Douillard, Donchev, Rush, et al. *Streaming DiLoCo with overlapping communication*.
-  arXiv:2501.18512, §2.3 (quantized outer gradients).
+  Douillard, Donchev, Rush, et al. *Streaming DiLoCo with overlapping communication: Towards a
+  Distributed Free Lunch*. arXiv:2501.18512 (quantized outer gradients).
 """
 
 from __future__ import annotations
