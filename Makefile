@@ -5,11 +5,13 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
 # Debian packages the suite uses: real Fashion-MNIST (the data tests and the Fashion-MNIST
-# runs) and iproute2 (`ip`/`tc`, for the launcher's emulated-link test).
-DEBIAN_PACKAGES := dataset-fashion-mnist iproute2
+# runs), the GCIDE dictionary (the language model's English text) and iproute2 (`ip`/`tc`, for
+# the launcher's emulated-link test).
+DEBIAN_PACKAGES := dataset-fashion-mnist dict-gcide iproute2
 FASHION_DIR     ?= $(or $(JAXCOMP_FASHION_MNIST_DIR),/usr/share/datasets/fashion-mnist)
+GCIDE_FILE      ?= $(or $(JAXCOMP_GCIDE_PATH),/usr/share/dictd/gcide.dict.dz)
 
-.PHONY: setup debian-packages quickstart test test-fast notebooks bench clean
+.PHONY: setup debian-packages quickstart lm test test-fast notebooks bench clean
 
 ## The virtual environment: the pinned library, experiment stack and test tools.
 $(STAMP): pyproject.toml requirements.lock
@@ -26,6 +28,7 @@ setup: $(STAMP)
 debian-packages:
 	@missing=""; \
 	[ -f "$(FASHION_DIR)/train-images-idx3-ubyte.gz" ] || missing="$$missing dataset-fashion-mnist"; \
+	[ -f "$(GCIDE_FILE)" ] || missing="$$missing dict-gcide"; \
 	{ command -v tc || [ -x /usr/sbin/tc ] || [ -x /sbin/tc ]; } >/dev/null 2>&1 || missing="$$missing iproute2"; \
 	if [ -z "$$missing" ]; then exit 0; fi; \
 	if [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then \
@@ -34,6 +37,7 @@ debian-packages:
 	else \
 	  echo "NOTE: Debian packages missing:$$missing (not root, so not installed)."; \
 	  case "$$missing" in *dataset-fashion-mnist*) echo "  The Fashion-MNIST tests of tests/test_data.py and tests/test_data_tfds.py will skip."; esac; \
+	  case "$$missing" in *dict-gcide*) echo "  The GCIDE text tests of tests/test_data_text.py and the language-model runs will skip."; esac; \
 	  case "$$missing" in *iproute2*) echo "  The launcher's emulated-link test (needs ip/tc) will skip."; esac; \
 	  echo "  To run them: sudo apt-get install$$missing"; \
 	fi
@@ -50,6 +54,11 @@ quickstart: $(STAMP)
 ## 8 times over.
 test: debian-packages $(STAMP)
 	$(PY) -m pytest -n 2 --dist loadfile --max-worker-restart=0 --durations=25 tests
+
+## The language model: a GPT on the GCIDE dictionary's English text, 4 workers, about 10 minutes
+## on 2 cores (configs/gpt_text.py).
+lm: debian-packages $(STAMP)
+	$(PY) -m experiments.train --config configs/gpt_text.py:runlocal --workdir workdirs/gpt_text
 
 ## A development subset: codecs, compressors, transforms, README and repository checks (the
 ## layout-equivalence, dtype/shape and non-finite sweeps and the notebook runs are left to

@@ -149,6 +149,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.image_size = config_dict.placeholder(int)  # e.g. 32 to pad 28x28 images for CIFAR models
   c.channels = config_dict.placeholder(int)  # 3 repeats a grey channel
   c.eval_batch_size = 1000
+  c.seq_len = config_dict.placeholder(int)  # text datasets: bytes predicted per window (<= the model's context)
+  c.eval_windows = 0  # text datasets: held-out windows evaluated, spread evenly (0: all that fit)
 
   # -- model (jaxcomp.models) --
   c.model = "lenet"
@@ -178,6 +180,7 @@ def base_config() -> ml_collections.ConfigDict:
   # or num_train_steps / k under local_steps (experiments.optimizers.updates_per_step).
   c.lr_boundaries = (0.5, 0.75)
   c.lr_warmup_steps = 0
+  c.grad_clip_norm = 0.0  # > 0: clip the averaged gradient to this global norm before the optimizer
   c.lr_scale_with_workers = False  # linear scaling: base lr *= workers (Goyal et al.; 3LC §4.3)
   c.weight_decay = 5e-4
   # "loss": L2 term 0.5*wd*||w||^2 in every worker's loss, so wd*w is part of the

@@ -106,6 +106,9 @@ SETTINGS: dict[str, dict] = {
                    "paper": "EF-SignSGD (Karimireddy et al., ICML 2019, arXiv:1901.09847) Alg. 1: scaled signs "
                             "with error feedback, SGD's learning rate (TG-F3's)"},
     "local_steps": {"kwargs": {"k": 2}, "paper": "3LC §4.2's \"2 local steps\" (float exchange every 2nd step)"},
+    "diloco": {"kwargs": {"inner_steps": 8},
+               "paper": "DiLoCo (Douillard et al., arXiv:2311.08105) Alg. 1: H = 8 local steps of the run's "
+                        "optimizer, float32 pseudo-gradients, outer SGD with Nesterov momentum 0.9, LR 0.7"},
     # Added after the zoo's first runs; their rows follow their factories' signatures.
     "half": {"kwargs": {"dtype": "bfloat16"}, "paper": "16-bit floats: bfloat16 on the wire"},
     "randomk": {"kwargs": {"fraction": 0.01, "error_feedback": True},

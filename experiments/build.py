@@ -15,6 +15,7 @@ from jax.sharding import PartitionSpec as P
 import ml_collections
 import optax
 
+from experiments import lm
 from experiments import optimizers
 from experiments import state as state_lib
 from experiments import step as step_lib
@@ -35,7 +36,7 @@ class Run:
   spec: Any  # the dataset's DatasetSpec
   image_shape: tuple[int, ...]
   pipeline_kwargs: dict[str, Any]
-  eval_pipeline: data_lib.Pipeline
+  eval_pipeline: Any  # data_lib.Pipeline, or a data_lib.TextPipeline for a text dataset
   model: Any
   state: TrainState  # abstract: shapes, dtypes, shardings (jax.ShapeDtypeStruct)
   init_state: Callable[[], TrainState]  # the state at step 0
@@ -50,15 +51,37 @@ class Run:
     """Whether the model has batch-norm statistics."""
     return bool(jax.tree.leaves(self.state.batch_stats))
 
+  @property
+  def is_text(self) -> bool:
+    """Whether this is a language-model run on a text corpus (:mod:`experiments.lm`)."""
+    return self.spec.modality == "text"
+
+  def train_pipeline(self, start_step: int):
+    """The training batches from step ``start_step + 1`` on."""
+    c = self.config
+    if self.is_text:
+      return lm.pipeline(c, "train", start_step=start_step)
+    return data_lib.make_pipeline(c.dataset, "train", global_batch_size=c.batch_size, train=True,
+                                  start_step=start_step, **self.pipeline_kwargs)
+
   def shard_batch(self, batch):
-    """This process's slice of a global batch -> global ``[workers, b, ...]`` arrays."""
+    """This process's slice of a global batch -> global ``[workers, b, ...]`` arrays.
+
+    Images and labels, or a language model's input bytes and their next bytes.
+    """
     c, local_workers = self.config, self.config.workers // jax.process_count()
     b = c.batch_size // c.workers
     sharding = NamedSharding(self.mesh, P("devices"))
-    img = batch["image"].reshape((local_workers, b) + self.image_shape)
-    lab = batch["label"].reshape((local_workers, b))
-    return (jax.make_array_from_process_local_data(sharding, img),
-            jax.make_array_from_process_local_data(sharding, lab))
+    x, y = (batch["inputs"], batch["targets"]) if self.is_text else (batch["image"], batch["label"])
+    return tuple(jax.make_array_from_process_local_data(sharding, a.reshape((local_workers, b) + a.shape[1:]))
+                 for a in (x, y))
+
+  def evaluate(self, state: TrainState) -> dict[str, float]:
+    """The evaluation of :func:`experiments.step.evaluate` (images) or :func:`experiments.lm.evaluate`."""
+    if self.is_text:
+      return lm.evaluate(self.eval_step, self.eval_params(state), self.eval_pipeline)
+    return step_lib.evaluate(self.eval_step, self.eval_params(state), state.batch_stats,
+                             self.eval_pipeline)
 
   def eval_params(self, state: TrainState):
     """The parameters evaluated: the EMA with ``config.eval_with_ema``, else the parameters."""
@@ -73,23 +96,27 @@ def build(config: ml_collections.ConfigDict, workdir: str) -> Run:
   pipeline_kwargs = dict(seed=config.seed, augment=config.augment, data_dir=config.data_dir,
                          image_size=config.image_size, channels=config.channels,
                          process_index=jax.process_index(), process_count=jax.process_count())
-  image_shape = tuple(data_lib.output_image_shape(config.dataset, config.augment,
-                                                  config.image_size, config.channels))
   # The eval pipeline first: absent data (ImageNet here) fails at once, before the model is built.
-  eval_pipeline = data_lib.make_pipeline(config.dataset, "test", train=False,
-                                         global_batch_size=validation.eval_batch_size(config),
-                                         **pipeline_kwargs)
+  if spec.modality == "text":
+    image_shape, input_dtype = (config.seq_len,), jnp.int32
+    eval_pipeline = lm.pipeline(config, "test", global_batch_size=validation.eval_batch_size(config))
+  else:
+    image_shape, input_dtype = tuple(data_lib.output_image_shape(
+        config.dataset, config.augment, config.image_size, config.channels)), jnp.float32
+    eval_pipeline = data_lib.make_pipeline(config.dataset, "test", train=False,
+                                           global_batch_size=validation.eval_batch_size(config),
+                                           **pipeline_kwargs)
   model = models_lib.get_model(config.model, spec.num_classes, **config.model_kwargs.to_dict())
   init_key, step_root = jax.random.split(jax.random.PRNGKey(config.seed))
   variables = model.init({"params": init_key, "dropout": init_key},
-                         jnp.zeros((1,) + image_shape, jnp.float32), train=False)
+                         jnp.zeros((1,) + image_shape, input_dtype), train=False)
   tx = optimizers.make_tx(config, step_lib.AXES)
   state = state_lib.abstract_state(config, mesh, tx, variables)
   init_state = functools.partial(state_lib.initial_state, config, tx, variables, state)
   train_step = step_lib.make_train_step(config, model, tx, mesh, state.opt_state, spec.num_classes,
                                state.batch_stats)
-  eval_step = step_lib.make_eval_step(model, spec.num_classes,
-                                      bool(jax.tree.leaves(state.batch_stats)))
+  eval_step = (lm.make_eval_step(model) if spec.modality == "text" else
+               step_lib.make_eval_step(model, spec.num_classes, bool(jax.tree.leaves(state.batch_stats))))
   checkpointer = (state_lib.Checkpointer(os.path.join(workdir, "checkpoints"), config)
                   if config.checkpoint_every else None)
   run = Run(config, workdir, mesh, spec, image_shape, pipeline_kwargs, eval_pipeline, model, state,

@@ -20,7 +20,6 @@ from experiments.build import Run, Start
 from experiments.distributed import is_writer
 from experiments.state import TrainState
 import jaxcomp
-from jaxcomp import data as data_lib
 
 
 class End(NamedTuple):
@@ -47,8 +46,7 @@ def loop(run: Run, start: Start, stop_after_steps: Optional[int] = None,
   metrics of its open train interval, and returns with ``preempted``.
   """
   c = run.config
-  train_iter = data_lib.make_pipeline(c.dataset, "train", global_batch_size=c.batch_size,
-                                      train=True, start_step=start.step, **run.pipeline_kwargs)
+  train_iter = run.train_pipeline(start.step)
   state, step, last_eval, preempted = start.state, start.step, {}, False
   last_step = c.num_train_steps
   if stop_after_steps is not None:
@@ -72,8 +70,7 @@ def loop(run: Run, start: Start, stop_after_steps: Optional[int] = None,
     if evaluate_now or checkpoint_now:
       log.pause(state)
     if evaluate_now:
-      last_eval = log.test(step, step_lib.evaluate(run.eval_step, run.eval_params(state),
-                                                   state.batch_stats, run.eval_pipeline))
+      last_eval = log.test(step, run.evaluate(state))
     if preempted:
       writers.save_interval(run.workdir, step, log.pending)
     if checkpoint_now:
@@ -191,9 +188,13 @@ class _Log:
 
   def test(self, step: int, res: dict[str, float]) -> dict[str, float]:
     """Writes an evaluation's row; returns it with its step."""
-    self._write({"step": step, "split": "test", "loss": res["loss"], "accuracy": res["accuracy"],
-                 "wall_time": self.elapsed(), "train_time": self.train_time()})
-    logging.info("step %d: test accuracy %.4f, test loss %.4f", step, res["accuracy"], res["loss"])
+    row = {"step": step, "split": "test", "loss": res["loss"], "accuracy": res["accuracy"],
+           "wall_time": self.elapsed(), "train_time": self.train_time()}
+    if "bits_per_byte" in res:
+      row["bits_per_byte"] = res["bits_per_byte"]
+    self._write(row)
+    logging.info("step %d: test accuracy %.4f, test loss %.4f%s", step, res["accuracy"], res["loss"],
+                 f", {res['bits_per_byte']:.4f} bits/byte" if "bits_per_byte" in res else "")
     return dict(res, step=step)
 
   def _write(self, row: dict[str, Any]) -> None:
@@ -245,9 +246,7 @@ def profile_step(run: Run, state: TrainState) -> dict[str, float]:
   grads_fn = jax.jit(jax.vmap(
       lambda p, bs, x, y, k: step_lib.loss_and_grad(config, loss_fn, p, bs, x, y, k)[0],
       in_axes=(None, None, 0, 0, None)))
-  train_iter = data_lib.make_pipeline(config.dataset, "train", global_batch_size=config.batch_size,
-                                      train=True, start_step=config.num_train_steps,
-                                      **run.pipeline_kwargs)
+  train_iter = run.train_pipeline(config.num_train_steps)
   batches = [run.shard_batch(next(train_iter)) for _ in range(3)]
   t_step, t_grad = [], []
   s = state

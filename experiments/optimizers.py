@@ -18,7 +18,7 @@ import optax
 import jaxcomp
 from jaxcomp import models as models_lib
 
-OPTIMIZERS = ("sgd", "momentum", "adam", "adagrad")
+OPTIMIZERS = ("sgd", "momentum", "adam", "adamw", "adagrad")
 SCHEDULES = ("constant", "polynomial", "staircase", "cosine", "piecewise")
 
 
@@ -58,7 +58,20 @@ def make_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
 
 
 def make_base_optimizer(config: ml_collections.ConfigDict, schedule: optax.Schedule):
-  """``config.optimizer`` with ``schedule``, after decoupled weight decay if the config sets it."""
+  """``config.optimizer`` with ``schedule``, after decoupled weight decay if the config sets it.
+
+  ``adamw`` (Loshchilov and Hutter, arXiv:1711.05101, Alg. 2) applies its decoupled weight decay
+  itself (scaled by the schedule, as optax.adamw does) when ``weight_decay_mode == "decoupled"``.
+  With ``grad_clip_norm > 0`` the (exchanged, averaged) gradient is first clipped to that global
+  norm.
+  """
+  decoupled = config.weight_decay and config.weight_decay_mode == "decoupled"
+  clip = [optax.clip_by_global_norm(config.grad_clip_norm)] if config.grad_clip_norm else []
+  if config.optimizer == "adamw":
+    return optax.chain(*clip, optax.adamw(
+        schedule, b1=config.adam_b1, b2=config.adam_b2, eps=config.adam_eps,
+        weight_decay=config.weight_decay if decoupled else 0.0,
+        mask=lambda p: decay_mask(config, p)))
   if config.optimizer == "sgd":
     opt = optax.sgd(schedule)
   elif config.optimizer == "momentum":
@@ -67,10 +80,10 @@ def make_base_optimizer(config: ml_collections.ConfigDict, schedule: optax.Sched
     opt = optax.adam(schedule, b1=config.adam_b1, b2=config.adam_b2, eps=config.adam_eps)
   else:
     opt = optax.adagrad(schedule, initial_accumulator_value=config.adagrad_init, eps=config.adagrad_eps)
-  if config.weight_decay and config.weight_decay_mode == "decoupled":
+  if decoupled:
     opt = optax.chain(optax.add_decayed_weights(config.weight_decay,
                                                 mask=lambda p: decay_mask(config, p)), opt)
-  return opt
+  return optax.chain(*clip, opt) if clip else opt
 
 
 def decay_mask(config: ml_collections.ConfigDict, params):

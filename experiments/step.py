@@ -99,8 +99,10 @@ def make_train_step(config, model, tx, mesh, opt_state_template, num_classes, bn
 
   def worker(params, batch_stats, opt_state, images, labels, key):
     key = jax.random.fold_in(key, parallel.axis_index(AXES))
-    grads, loss, logits, new_vars = loss_and_grad(config, loss_fn, params, batch_stats, images,
-                                                  labels, key)
+    # DiLoCo's workers differentiate at their own local parameters (jaxcomp.local_params);
+    # under any other optimizer these are ``params``.
+    grads, loss, logits, new_vars = loss_and_grad(config, loss_fn, jaxcomp.local_params(opt_state, params),
+                                                  batch_stats, images, labels, key)
     updates, opt_state = tx.update(grads, opt_state, params)
     params = optax.apply_updates(params, updates)
     if has_bn:

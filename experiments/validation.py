@@ -35,6 +35,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
         f"must divide over {n_proc} processes.")
   if config.model not in models_lib.MODELS:
     bad(f"unknown model {config.model!r}; known: {', '.join(models_lib.MODELS)}.")
+  _validate_task(config, bad)
   if config.compressor not in jaxcomp.names():
     bad(f"unknown compressor {config.compressor!r}; known: {', '.join(jaxcomp.names())}.")
   if config.optimizer not in optimizers.OPTIMIZERS:
@@ -70,6 +71,25 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
         f"(a trace starts after the step before it), got {config.trace_step}.")
 
 
+def _validate_task(config: ml_collections.ConfigDict, bad) -> None:
+  """A language model goes with a text corpus and a ``seq_len`` it can take; an image model with images."""
+  text = data_lib.get_spec(config.dataset).modality == "text"
+  language_model = config.model in models_lib.LANGUAGE_MODELS
+  if text != language_model:
+    bad(f"dataset {config.dataset!r} is {'text' if text else 'images'} but model {config.model!r} "
+        f"{'is' if language_model else 'is not'} a language model ({', '.join(models_lib.LANGUAGE_MODELS)}).")
+  if not text:
+    return
+  context = config.model_kwargs.get("context", models_lib.input_shape(config.model)[0])
+  if not isinstance(config.seq_len, int) or not 1 <= config.seq_len <= context:
+    bad(f"seq_len must be an int in [1, {context}] (the model's context) for text, got {config.seq_len!r}.")
+  if config.eval_windows < 0:
+    bad(f"eval_windows must be >= 0 (0: every window of the held-out split), got {config.eval_windows}.")
+
+
 def eval_batch_size(config: ml_collections.ConfigDict) -> int:
   """The global eval batch: ``config.eval_batch_size``, at most the test split."""
-  return min(config.eval_batch_size, data_lib.get_spec(config.dataset).num_examples("test"))
+  spec = data_lib.get_spec(config.dataset)
+  if spec.modality == "text":
+    return config.eval_batch_size
+  return min(config.eval_batch_size, spec.num_examples("test"))

@@ -20,6 +20,7 @@ import jax
 import ml_collections
 import numpy as np
 
+from experiments import lm
 from experiments.distributed import is_writer
 from jaxcomp import models as models_lib
 
@@ -33,7 +34,8 @@ CSV_DOC = {
     "split": "train (means over the steps since the previous train row; rows close every "
              "log_every steps, at every checkpoint and at the end) or test",
     "loss": "cross-entropy (train: mean over workers and steps; test: over the test set)",
-    "accuracy": "top-1 accuracy in [0, 1]",
+    "accuracy": "top-1 accuracy in [0, 1] (language models: of the next byte)",
+    "bits_per_byte": "language models, test rows: the held-out loss in bits per byte (loss / ln 2)",
     "learning_rate": "learning rate of the last step",
     "bytes_on_wire": "bytes one worker handed to collectives per step (jaxcomp.metrics)",
     "float32_bytes": "the same gradients as float32",
@@ -157,6 +159,8 @@ def _summary(run: Run, start: Start, end: End, timing: dict[str, float]) -> dict
       "test_top5_accuracy": last_eval.get("top5_accuracy"),
       "test_loss": last_eval.get("loss"),
       "test_examples": last_eval.get("count"),
+      "test_bits_per_byte": last_eval.get("bits_per_byte"),
+      **(lm.corpus_label(c) if run.is_text else {}),
       "evaluated": "ema" if c.eval_with_ema else "params",
       **{k: last_train.get(k) for k in ("bytes_on_wire", "float32_bytes", "compression_ratio",
                                         "compressed_ratio", "float_bytes", "encoded_bytes")},

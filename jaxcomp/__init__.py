@@ -35,6 +35,7 @@ from jaxcomp.compressors.ef_signsgd import EFSignSGD, ef_signsgd
 from jaxcomp.compressors.onebit import OneBit, onebit
 from jaxcomp.compressors.topk import TopK, topk
 from jaxcomp.compressors.powersgd import PowerSGD, powersgd
+from jaxcomp.compressors.diloco import DiLoCoState, diloco, local_params
 from jaxcomp.compressors.local_steps import local_steps
 from jaxcomp.compressors.onebit_adam import OneBitAdamSign, onebit_adam
 from jaxcomp.compressors.threshold import Threshold, threshold
@@ -82,6 +83,9 @@ __all__ = [
     "randomk",
     "natural",
     "local_steps",
+    "diloco",
+    "local_params",
+    "DiLoCoState",
     "onebit_adam",
     # ... and their per-tensor compressors (jaxcomp.core.Compressor subclasses)
     "TernGrad",

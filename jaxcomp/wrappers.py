@@ -42,7 +42,7 @@ import optax
 from jaxcomp import core
 from jaxcomp import parallel
 from jaxcomp import transforms
-from jaxcomp.compressors.local_steps import _silence, _traced, local_steps
+from jaxcomp.compressors.local_steps import local_steps, silence_wire, traced_wire
 from jaxcomp.count import Count
 
 
@@ -132,7 +132,7 @@ def apply_if_finite(
         notfinite_count=jnp.zeros((), jnp.int32),
         last_finite=jnp.array(True),
         total_notfinite=jnp.zeros((), jnp.int32),
-        inner_state=_silence(inner.init(params)),
+        inner_state=silence_wire(inner.init(params)),
         local=core.WorkerLocal(residual=optax.MaskedNode(), metrics=dict(flag_counts)),
     )
 
@@ -145,13 +145,13 @@ def apply_if_finite(
 
     def run(updates, inner_state):
       new_updates, inner_state = inner.update(updates, inner_state, params, **extra_args)
-      return new_updates, _traced(inner_state)
+      return new_updates, traced_wire(inner_state)
 
     update_types = jax.eval_shape(run, updates, state.inner_state)[0]
 
     def skip(updates, inner_state):
       del updates
-      return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), update_types), _silence(inner_state)
+      return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), update_types), silence_wire(inner_state)
 
     new_updates, inner_state = parallel.replicated_cond(
         isfinite | (notfinite_count > max_consecutive_errors), run, skip, updates, state.inner_state)

@@ -62,6 +62,9 @@ def test_readme_python_blocks_run_as_one_program(tmp_path):
   # The shard_map example, over the 8 devices: the same wire format, so the same ratio.
   m = re.match(r"([\d.]+)x over (\d+) devices", lines[1])
   assert m and int(m[2]) == 8 and float(m[1]) == pytest.approx(ratio, abs=0.05), out.stdout
+  # DiLoCo with H = 4: the float32 pseudo-gradient on the 4th and 8th steps, nothing between.
+  m = re.search(r"diloco: bytes on the wire per step \[([\d, ]+)\]", out.stdout)
+  assert m and [int(v) for v in m[1].split(",")] == [0, 0, 0, f32] * 2, out.stdout
 
 
 def test_readme_nnx_and_wrapper_blocks_run(tmp_path):

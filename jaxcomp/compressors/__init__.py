@@ -26,6 +26,7 @@ from jaxcomp.compressors.ef_signsgd import EFSignSGD, ef_signsgd
 from jaxcomp.compressors.onebit import OneBit, onebit
 from jaxcomp.compressors.topk import TopK, topk
 from jaxcomp.compressors.powersgd import PowerSGD, powersgd
+from jaxcomp.compressors.diloco import diloco
 from jaxcomp.compressors.local_steps import local_steps
 from jaxcomp.compressors.onebit_adam import OneBitAdamSign, onebit_adam, wrap_optimizer as _wrap_onebit_adam
 from jaxcomp.compressors.threshold import Threshold, threshold
@@ -71,6 +72,7 @@ REGISTRY: dict[str, Callable[..., optax.GradientTransformationExtraArgs]] = {
 # schemes that decide when the optimizer steps (they cannot be a chain link).
 WRAPPERS: dict[str, Callable[..., optax.GradientTransformation]] = {
     "local_steps": local_steps,
+    "diloco": diloco,
     "onebit_adam": _wrap_onebit_adam,  # 1-bit Adam is the optimizer: `optimizer` only scales
 }
 

@@ -94,7 +94,7 @@ def _wire_counts(state: Any, fn) -> Any:
   return jax.tree.map(fix, state, is_leaf=_is_local)
 
 
-def _silence(state: Any) -> Any:
+def silence_wire(state: Any) -> Any:
   """``state`` with every wire counter of every compression transform set to 0.
 
   A wire counter is static in an exchange's own state (a payload's size) but
@@ -104,9 +104,53 @@ def _silence(state: Any) -> Any:
   return _wire_counts(state, lambda c: c.zeros_like())
 
 
-def _traced(state: Any) -> Any:
+def traced_wire(state: Any) -> Any:
   """``state`` with every wire counter in its traced form (same values)."""
   return _wire_counts(state, lambda c: c.traced())
+
+
+def on_last_step(k: int, mini_step: jax.Array, step, operands: tuple[Any, Any, Any]) -> tuple[Any, ...]:
+  """``step(*operands)`` on the last of every ``k`` steps, else the operands as they are.
+
+  ``operands`` are ``(carried, exchange state, carried)``; ``step`` returns
+  ``(updates, *operands)``. On the other steps the updates are zeros of
+  ``step``'s types and the exchange state's wire counters are 0
+  (:func:`silence_wire`). ``mini_step`` is replicated, so the collectives run
+  only on the last step, on every worker alike (:func:`jaxcomp.parallel.replicated_cond`).
+  """
+  if k == 1:
+    return step(*operands)
+  update_types = jax.eval_shape(step, *operands)[0]
+
+  def wait(first, ex_state, last):
+    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), update_types)
+    return zeros, first, silence_wire(ex_state), last
+
+  return parallel.replicated_cond(mini_step == k - 1, step, wait, *operands)
+
+
+def make_exchange(exchange: Union[None, str, optax.GradientTransformation], axis_name: parallel.AxisName,
+                  exchange_kwargs: dict[str, Any], owner: str, what: str) -> optax.GradientTransformationExtraArgs:
+  """The exchange of a wrapper (``owner``, which exchanges ``what``): see :func:`local_steps`' ``exchange``."""
+  if isinstance(exchange, str) and exchange in two_phase.EXCHANGES:
+    raise ValueError(
+        f"{owner}'s `exchange` says what exchanges {what} (a compressor's name or a "
+        f"transform), not how a compressor's payloads travel; for the {exchange!r} exchange of a "
+        f"compressor pass its transform, e.g. exchange=jaxcomp.terngrad(axis_name=..., exchange={exchange!r}).")
+  if exchange is None:
+    unexpected = sorted(set(exchange_kwargs) - set(FLOAT_EXCHANGE_KWARGS))
+    if unexpected:
+      raise TypeError(f"Unexpected arguments {unexpected} for the float exchange; name a compressor with `exchange=`.")
+    ex = transforms.compress(None, axis_name=axis_name, **exchange_kwargs)
+  elif isinstance(exchange, str):
+    from jaxcomp.compressors import get_transform  # the registry imports this module
+
+    ex = get_transform(exchange, axis_name=axis_name, **exchange_kwargs)
+  else:
+    if exchange_kwargs:
+      raise TypeError("Keyword arguments go with a compressor's name, not with a transform.")
+    ex = exchange
+  return optax.with_extra_args_support(ex)
 
 
 def local_steps(
@@ -146,25 +190,7 @@ def local_steps(
   """
   if isinstance(k, bool) or not isinstance(k, int) or k < 1:
     raise ValueError(f"k must be an int >= 1; got {k!r}.")
-  if isinstance(exchange, str) and exchange in two_phase.EXCHANGES:
-    raise ValueError(
-        f"local_steps' `exchange` says what exchanges the accumulated mean (a compressor's name or a "
-        f"transform), not how a compressor's payloads travel; for the {exchange!r} exchange of a "
-        f"compressor pass its transform, e.g. exchange=jaxcomp.terngrad(axis_name=..., exchange={exchange!r}).")
-  if exchange is None:
-    unexpected = sorted(set(exchange_kwargs) - set(FLOAT_EXCHANGE_KWARGS))
-    if unexpected:
-      raise TypeError(f"Unexpected arguments {unexpected} for the float exchange; name a compressor with `exchange=`.")
-    ex = transforms.compress(None, axis_name=axis_name, **exchange_kwargs)
-  elif isinstance(exchange, str):
-    from jaxcomp.compressors import get_transform  # the registry imports this module
-
-    ex = get_transform(exchange, axis_name=axis_name, **exchange_kwargs)
-  else:
-    if exchange_kwargs:
-      raise TypeError("Keyword arguments go with a compressor's name, not with a transform.")
-    ex = exchange
-  ex = optax.with_extra_args_support(ex)
+  ex = make_exchange(exchange, axis_name, exchange_kwargs, "local_steps", "the accumulated mean")
   opt = optax.with_extra_args_support(optimizer)
 
   def init_fn(params):
@@ -172,7 +198,7 @@ def local_steps(
     return LocalStepsState(
         mini_step=jnp.zeros((), jnp.int32),
         local=core.WorkerLocal(residual=acc, metrics={}),
-        exchange=_silence(ex.init(params)),
+        exchange=silence_wire(ex.init(params)),
         inner=opt.init(params),
     )
 
@@ -183,19 +209,10 @@ def local_steps(
       mean = jax.tree.map(lambda a, g: (a / k).astype(g.dtype), acc, updates)
       averaged, ex_state = ex.update(mean, ex_state, params, **extra_args)
       new_updates, opt_state = opt.update(averaged, opt_state, params, **extra_args)
-      return new_updates, jax.tree.map(jnp.zeros_like, acc), _traced(ex_state), opt_state
+      return new_updates, jax.tree.map(jnp.zeros_like, acc), traced_wire(ex_state), opt_state
 
-    operands = (acc, state.exchange, state.inner)
-    if k == 1:
-      new_updates, acc, ex_state, opt_state = step(*operands)
-    else:
-      update_types = jax.eval_shape(step, *operands)[0]
-
-      def wait(acc, ex_state, opt_state):
-        zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), update_types)
-        return zeros, acc, _silence(ex_state), opt_state
-
-      new_updates, acc, ex_state, opt_state = parallel.replicated_cond(state.mini_step == k - 1, step, wait, *operands)
+    new_updates, acc, ex_state, opt_state = on_last_step(k, state.mini_step, step,
+                                                         (acc, state.exchange, state.inner))
     new_state = LocalStepsState(
         mini_step=(state.mini_step + 1) % k,
         local=core.WorkerLocal(residual=acc, metrics={}),

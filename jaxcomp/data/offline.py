@@ -61,9 +61,11 @@ class DatasetNotAvailableError(RuntimeError):
   """A dataset's files are not on this machine; the message says what to do."""
 
 
-def _check_split(split: str) -> None:
+def check_split(split: str) -> None:
+  """Raises a ValueError unless ``split`` is one of :data:`SPLITS`."""
   if split not in SPLITS:
     raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+
 
 
 def _package_file(package: str, *parts: str) -> pathlib.Path:
@@ -106,7 +108,7 @@ def stratified_split(labels: np.ndarray, split: str) -> np.ndarray:
     int64 indices into ``labels``; the two splits are disjoint and together
     cover ``range(N)``.
   """
-  _check_split(split)
+  check_split(split)
   labels = np.asarray(labels)
   keys = []
   chosen = []
@@ -246,17 +248,17 @@ def read_checksums(path: str | os.PathLike = FASHION_MNIST_CHECKSUMS) -> dict[st
 
 
 @functools.lru_cache(maxsize=None)
-def _verify_file(path: str, size: int, sha256: str) -> None:
+def verify_file(path: str, size: int, sha256: str,
+                recorded_in: pathlib.Path = FASHION_MNIST_CHECKSUMS) -> None:
+  """Raises a ValueError unless the file at ``path`` has ``size`` bytes and this ``sha256``."""
   p = pathlib.Path(path)
   actual = p.stat().st_size
   if actual != size:
-    raise ValueError(f"{p}: size {actual} bytes, expected {size} (recorded in "
-                     f"{FASHION_MNIST_CHECKSUMS})")
+    raise ValueError(f"{p}: size {actual} bytes, expected {size} (recorded in {recorded_in})")
   digest = hashlib.sha256(p.read_bytes()).hexdigest()
   if digest != sha256:
-    raise ValueError(f"{p}: sha256 {digest}, expected {sha256} (recorded in "
-                     f"{FASHION_MNIST_CHECKSUMS}); the file is corrupt or not "
-                     "the Debian dataset-fashion-mnist file")
+    raise ValueError(f"{p}: sha256 {digest}, expected {sha256} (recorded in {recorded_in}); "
+                     "the file is corrupt or not the Debian package's file")
 
 
 @functools.lru_cache(maxsize=None)
@@ -266,7 +268,7 @@ def _fashion_mnist(directory: str, split: str, verify: bool) -> tuple[np.ndarray
   for fname in FASHION_MNIST_FILES[split]:
     path = pathlib.Path(directory) / fname
     if verify:
-      _verify_file(str(path), *sums[fname])
+      verify_file(str(path), *sums[fname])
     arrays.append(read_idx(path))
   images, labels = arrays
   if images.ndim != 3 or images.shape[1:] != (28, 28) or labels.shape != images.shape[:1]:
@@ -292,7 +294,7 @@ def load_fashion_mnist_debian(split: str, *, verify: bool = True) -> tuple[np.nd
   Raises:
     DatasetNotAvailableError: if the files are absent (says how to install).
   """
-  _check_split(split)
+  check_split(split)
   d = _require_fashion_mnist()
   images, labels = _fashion_mnist(str(d), split, verify)
   return images.copy(), labels.copy()

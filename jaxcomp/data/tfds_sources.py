@@ -232,5 +232,5 @@ def prepare_fashion_mnist_debian(data_dir: str | None = None, *,
 def load_fashion_mnist_debian_tfds(split: str, data_dir: str | None = None
                                    ) -> tuple[np.ndarray, np.ndarray]:
   """Fashion-MNIST (Debian) through the tfds builder; same arrays as the IDX reader."""
-  offline._check_split(split)  # pylint: disable=protected-access
+  offline.check_split(split)
   return builder_to_arrays(prepare_fashion_mnist_debian(data_dir), split)

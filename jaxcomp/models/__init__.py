@@ -13,10 +13,19 @@ resnet110   "; 3LC §4.3, QSGD §5                                   32×32×3  
 resnet      generic CIFAR ResNet, ``depth=6n+2`` keyword           32×32×3      97,216n − 21,926
 googlenet   Inception v1 + BN, no aux heads; TernGrad Table 3      224×224×3      7,005,832
 mlp         784-4096-4096-4096-10; Dryden et al. §4.1              28×28×1       36,818,954
+gpt         GPT-2 layout, pre-LN, tied embeddings (CPU size)       256 tokens     3,290,624
+gpt2_small  GPT-2 small: d 768, 12 layers, 12 heads, context 1024  1024 tokens  124,439,808
 ==========  =====================================================  ===========  ===============
 
-(parameters for the default ``num_classes``: 1000 for alexnet/googlenet, 10 otherwise; the
-layer-by-layer arithmetic is in each module's docstring and in ``tests/test_models.py``.)
+(parameters for the default ``num_classes``: 1000 for alexnet/googlenet, 10 otherwise, and for
+the language models the vocabulary: 256 bytes for gpt, GPT-2's 50,257 tokens for gpt2_small; the
+layer-by-layer arithmetic is in each module's docstring and in ``tests/test_models.py`` and
+``tests/test_models_gpt.py``.)
+
+The language models (:data:`LANGUAGE_MODELS`) take integer tokens ``[batch, time]`` instead of
+images and return logits ``[batch, time, num_classes]``, ``num_classes`` being the vocabulary;
+their ``input_shape`` is ``(context,)``. Their token embedding, tied to the output layer, is
+named ``logits``.
 
 Interface. Every model is a ``flax.linen.Module`` with ``__call__(self, x, train: bool = False)``:
 ``x`` is a float NHWC batch, the result is float32 logits of shape ``(batch, num_classes)``
@@ -54,6 +63,7 @@ import jax
 from jaxcomp.models.alexnet import AlexNet
 from jaxcomp.models.cifarnet import CifarNet
 from jaxcomp.models.googlenet import GoogLeNet
+from jaxcomp.models.gpt import GPT
 from jaxcomp.models.lenet import LeNet
 from jaxcomp.models.mlp import MLP
 from jaxcomp.models.resnet import CifarResNet, blocks_per_stage
@@ -65,6 +75,8 @@ __all__ = [
     "CifarNet",
     "CifarResNet",
     "GoogLeNet",
+    "GPT",
+    "LANGUAGE_MODELS",
     "LeNet",
     "MLP",
     "get_model",
@@ -89,12 +101,17 @@ _REGISTRY: dict[str, tuple[type[nn.Module], dict[str, Any]]] = {
     "resnet": (CifarResNet, {}),
     "googlenet": (GoogLeNet, {}),
     "mlp": (MLP, {}),
+    "gpt": (GPT, {}),
+    "gpt2_small": (GPT, {"context": 1024, "width": 768, "depth": 12, "heads": 12}),
 }
 
 MODELS: tuple[str, ...] = tuple(_REGISTRY)
 
-# The input (H, W, C) each model is specified for in its paper.
-INPUT_SHAPES: dict[str, tuple[int, int, int]] = {
+# The models that take integer tokens [batch, time] and predict the next token at every position.
+LANGUAGE_MODELS: tuple[str, ...] = ("gpt", "gpt2_small")
+
+# The input each model is specified for in its paper: (H, W, C) of an image, (context,) of tokens.
+INPUT_SHAPES: dict[str, tuple[int, ...]] = {
     "lenet": (28, 28, 1),
     "cifarnet": (24, 24, 3),
     "alexnet": (224, 224, 3),
@@ -105,6 +122,8 @@ INPUT_SHAPES: dict[str, tuple[int, int, int]] = {
     "resnet": (32, 32, 3),
     "googlenet": (224, 224, 3),
     "mlp": (28, 28, 1),
+    "gpt": (256,),
+    "gpt2_small": (1024,),
 }
 
 
@@ -157,8 +176,8 @@ def get_model(name: str, num_classes: int, **kwargs: Any) -> nn.Module:
   return cls(num_classes=num_classes, **{**kwargs, **fixed})
 
 
-def input_shape(name: str) -> tuple[int, int, int]:
-  """The (H, W, C) input a registered model is specified for (see the module table)."""
+def input_shape(name: str) -> tuple[int, ...]:
+  """The input a registered model is specified for: (H, W, C), or (context,) of a language model."""
   return INPUT_SHAPES[_normalise(name)]
 
 

@@ -33,6 +33,9 @@ CASES = {
     "terngrad": lambda n: (lambda axis: jaxcomp.terngrad(axis_name=axis), _grads(n), 2),
     # Exchanges at steps 1 and 4 (step 2 is skipped everywhere, so multi_steps does not count it).
     "wrappers": lambda n: (_wrapped, _grads(n, nan_at=2), 5),
+    # DiLoCo, H = 2: Adam inside each process, int8 pseudo-gradients at steps 1 and 3.
+    "diloco": lambda n: (lambda axis: jaxcomp.diloco(optax.adam(0.1), 2, axis_name=axis, exchange="int8"),
+                         _grads(n), 4),
 }
 
 # Buckets across processes: int8 (with error feedback, so residuals too) per tensor and bucketed.
