@@ -210,21 +210,12 @@ class Compressor:
     raise NotImplementedError
 
   def decode_bucket(self, payload: Payload, layout: "layout_lib.Layout") -> list[jax.Array]:
-    """A bucket's payload decoded: every tensor flat (default: :meth:`decode_columns`, cut)."""
-    return layout.split(self.decode_columns(payload, layout))
-
-  def aggregate_bucket(self, gathered: Payload, layout: "layout_lib.Layout") -> list[jax.Array]:
-    """The mean over workers of every tensor of a bucket, flat (default: :meth:`aggregate_columns`, cut)."""
-    return layout.split(self.aggregate_columns(gathered, layout))
-
-  def decode_columns(self, payload: Payload, layout: "layout_lib.Layout") -> jax.Array:
-    """A bucket's payload decoded: float32 ``(planes, chunks, CHUNK)`` (:meth:`jaxcomp.layout.Layout.split` cuts it)."""
+    """A bucket's payload decoded: every tensor flat, float32."""
     raise NotImplementedError
 
-  def aggregate_columns(self, gathered: Payload, layout: "layout_lib.Layout") -> jax.Array:
-    """The mean of every worker's decoded bucket; ``gathered`` has a leading worker axis."""
-    decoded = jax.vmap(lambda p: self.decode_columns(p, layout))(gathered)
-    return sum_leading(decoded) / decoded.shape[0]
+  def aggregate_bucket(self, gathered: Payload, layout: "layout_lib.Layout") -> list[jax.Array]:
+    """The mean over workers of every tensor of a bucket, flat; ``gathered`` has a leading worker axis."""
+    raise NotImplementedError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -232,14 +223,29 @@ class BucketCompressor(Compressor):
   """A compressor that encodes a bucket at once: its per-tensor protocol is a bucket of one.
 
   A subclass implements :meth:`~Compressor.payload_struct`,
-  :meth:`~Compressor.encode_bucket` and :meth:`~Compressor.decode_columns`
-  (and may override :meth:`~Compressor.aggregate_columns`), or, for a layout
-  of its own, :meth:`~Compressor.decode_bucket` and :meth:`~Compressor.aggregate_bucket`; :meth:`encode`,
+  :meth:`~Compressor.encode_bucket` and :meth:`decode_columns` (and may
+  override :meth:`aggregate_columns`), or, for a layout of its own,
+  :meth:`~Compressor.decode_bucket` and :meth:`~Compressor.aggregate_bucket`; :meth:`encode`,
   :meth:`decode` and :meth:`aggregate` run them on one tensor, so a tensor
   encoded alone and in a bucket gives the same bytes by construction.
   """
 
   bucket_encode = True
+
+  def decode_bucket(self, payload, layout):
+    return layout.split(self.decode_columns(payload, layout))
+
+  def aggregate_bucket(self, gathered, layout):
+    return layout.split(self.aggregate_columns(gathered, layout))
+
+  def decode_columns(self, payload: Payload, layout: "layout_lib.Layout") -> jax.Array:
+    """A bucket's payload decoded in its layout: float32 ``(planes, chunks, CHUNK)``."""
+    raise NotImplementedError
+
+  def aggregate_columns(self, gathered: Payload, layout: "layout_lib.Layout") -> jax.Array:
+    """The mean of every worker's decoded bucket in its layout; ``gathered`` has a leading worker axis."""
+    decoded = jax.vmap(lambda p: self.decode_columns(p, layout))(gathered)
+    return sum_leading(decoded) / decoded.shape[0]
 
   def encode(self, x, key, agreed):
     n = size_of(x.shape)

@@ -456,14 +456,14 @@ def bucket_exchange_steps(
   parts = layout_lib.payload_parts(payload, structs)
   wires = [core.tree_nbytes(st) + a for st, a in zip(structs, agreement_bytes)]
   own = None
-  if need_own or not axis_names(axis_name):
+  if need_own:
     # Each tensor's own decode stays a per-tensor decode of its part: the residual x − own fuses
     # with it, and XLA:CPU contracts that product and difference into a fused multiply-add where
     # they share a loop; a bucket-wide decode would be a loop of its own in some buckets and not
     # in others, and a tensor's residual must not depend on its bucket.
     own = [compressor.decode(part, s) for part, s in zip(parts, shapes)]
-  if not axis_names(axis_name):
-    means = own
+  if not axis_names(axis_name):  # one worker: the mean is its own bucket decoded
+    means = [m.reshape(s) for m, s in zip(compressor.decode_bucket(payload, layout), shapes)]
   else:
     gathered = yield core.Message("gather", payload)
     means = [m.reshape(s) for m, s in zip(compressor.aggregate_bucket(gathered, layout), shapes)]

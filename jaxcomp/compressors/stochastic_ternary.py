@@ -88,7 +88,7 @@ class StochasticTernary(TernGrad):
 
   def aggregate_columns(self, gathered, layout):
     if not self.scalar_sharing:
-      return core.Compressor.aggregate_columns(self, gathered, layout)
+      return core.BucketCompressor.aggregate_columns(self, gathered, layout)
     digits = jax.vmap(lambda c: base243.unpack_digits(layout.expand(c)).astype(jnp.int8) - jnp.int8(1))
     total = core.sum_leading(digits(gathered.codes))
     return total.astype(jnp.float32) * layout.per_chunk(gathered.scale[0] / gathered.scale.shape[0])
