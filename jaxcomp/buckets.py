@@ -32,6 +32,19 @@ in the per-tensor one, which round differently by a few ulp: measured with one d
 worker, not with vmap inside shard_map.) Rounds that run inside a ``lax.cond`` (3LC's
 zero-run fallback) call their collectives directly and stay per tensor.
 
+Encoding per bucket. Fusing the collectives leaves the compute per tensor:
+one encode and one decode kernel per tensor. A compressor whose encoder is
+elementwise given per-tensor parameters (``bucket_encode``:
+:class:`~jaxcomp.core.BucketCompressor`: TernGrad, QSGD, int8, 3LC) encodes a
+bucket at once instead: :func:`jaxcomp.transforms.compress` hands the bucket's
+tensors to one :func:`jaxcomp.parallel.bucket_exchange_steps`, which lays them
+side by side (:mod:`jaxcomp.layout`), computes the per-tensor parameters per
+tensor, and encodes, gathers and aggregates the bucket as one. The bucket's
+payload is its tensors' payloads end to end, so bytes and numbers are those
+of the tensors encoded one at a time (the per-tensor exchange is the same code
+on a bucket of one). This applies with any ``bucket_bytes > 0``, over
+``vmap``-simulated workers too (there only the collectives stay per tensor).
+
 The buckets (:func:`assign`) are filled in reverse order of the gradient
 leaves, about ``bucket_bytes`` of float32 gradient each: the last layers,
 whose gradients backpropagation produces first, go first, as in DDP (Li et

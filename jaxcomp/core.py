@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxcomp import layout as layout_lib
 from jaxcomp.count import Count
 
 Shape = tuple[int, ...]
@@ -89,12 +90,16 @@ class Compressor:
     custom_exchange: the compressor runs its own exchange (several rounds of
       collectives, e.g. PowerSGD) through :meth:`exchange` instead of the
       default agree → encode → all_gather → aggregate.
+    bucket_encode: the encoder is elementwise given per-tensor parameters, so
+      a bucket of tensors is encoded, decoded and aggregated at once
+      (:meth:`encode_bucket`, :class:`BucketCompressor`).
   """
 
   unbiased: ClassVar[bool] = False
   error_feedback: ClassVar[bool] = False
   metric_keys: ClassVar[tuple[str, ...]] = ()
   custom_exchange: ClassVar[bool] = False
+  bucket_encode: ClassVar[bool] = False
 
   # -- the protocol ---------------------------------------------------------
 
@@ -179,6 +184,87 @@ class Compressor:
   def validate(self, shape: Shape, dtype: Any) -> None:
     """Raises a clear error if this compressor cannot handle such a tensor."""
     del shape, dtype
+
+  # -- encoding a bucket at once (bucket_encode = True) -----------------------
+
+  planes: ClassVar[int] = 1  # rows of the bucket's layout (jaxcomp.layout): the codec's planes
+
+  def payload_struct(self, n: int) -> Payload:
+    """The payload of a tensor of ``n`` values, as ``jax.ShapeDtypeStruct`` s (static)."""
+    raise NotImplementedError
+
+  def encode_bucket(self, xs: Sequence[jax.Array], keys: Any, agreed: Optional[Any],
+                    layout: "layout_lib.Layout") -> Payload:
+    """:meth:`encode` of every flat tensor of ``xs`` at once.
+
+    ``keys`` are their keys stacked (``[k, ...]``); ``agreed`` their
+    agreements (:meth:`agree`) stacked, every leaf with a leading axis of one
+    entry a tensor, or ``None``.
+
+    Returns the bucket's payload: each array the tensors' own arrays
+    (:meth:`payload_struct`) flattened and laid end to end, bit for bit what
+    :meth:`encode` of each would return (:func:`jaxcomp.layout.payload_parts`
+    cuts it). Per-tensor parameters are computed per tensor; the elementwise
+    work runs once over ``layout`` (its ``planes`` rows are the codec's planes).
+    """
+    raise NotImplementedError
+
+  def decode_bucket(self, payload: Payload, layout: "layout_lib.Layout") -> list[jax.Array]:
+    """A bucket's payload decoded: every tensor flat, float32."""
+    raise NotImplementedError
+
+  def aggregate_bucket(self, gathered: Payload, layout: "layout_lib.Layout") -> list[jax.Array]:
+    """The mean over workers of every tensor of a bucket, flat; ``gathered`` has a leading worker axis."""
+    raise NotImplementedError
+
+
+@dataclasses.dataclass(frozen=True)
+class BucketCompressor(Compressor):
+  """A compressor that encodes a bucket at once: its per-tensor protocol is a bucket of one.
+
+  A subclass implements :meth:`~Compressor.payload_struct`,
+  :meth:`~Compressor.encode_bucket` and :meth:`decode_columns` (and may
+  override :meth:`aggregate_columns`), or, for a layout of its own,
+  :meth:`~Compressor.decode_bucket` and :meth:`~Compressor.aggregate_bucket`; :meth:`encode`,
+  :meth:`decode` and :meth:`aggregate` run them on one tensor, so a tensor
+  encoded alone and in a bucket gives the same bytes by construction.
+  """
+
+  bucket_encode = True
+
+  def decode_bucket(self, payload, layout):
+    return layout.split(self.decode_columns(payload, layout))
+
+  def aggregate_bucket(self, gathered, layout):
+    return layout.split(self.aggregate_columns(gathered, layout))
+
+  def decode_columns(self, payload: Payload, layout: "layout_lib.Layout") -> jax.Array:
+    """A bucket's payload decoded in its layout: float32 ``(planes, chunks, CHUNK)``."""
+    raise NotImplementedError
+
+  def aggregate_columns(self, gathered: Payload, layout: "layout_lib.Layout") -> jax.Array:
+    """The mean of every worker's decoded bucket in its layout; ``gathered`` has a leading worker axis."""
+    decoded = jax.vmap(lambda p: self.decode_columns(p, layout))(gathered)
+    return sum_leading(decoded) / decoded.shape[0]
+
+  def encode(self, x, key, agreed):
+    n = size_of(x.shape)
+    one = None if agreed is None else jax.tree.map(lambda a: jnp.asarray(a)[None], agreed)
+    keys = None if key is None else jnp.asarray(key)[None]  # deterministic encoders may be given no key
+    payload = self.encode_bucket([x.reshape(-1)], keys, one, layout_lib.Layout([n], self.planes))
+    return layout_lib.payload_parts(payload, [self.payload_struct(n)])[0]
+
+  def _one(self, payload, shape, lead):
+    layout = layout_lib.Layout([size_of(shape)], self.planes)
+    return layout, layout_lib.joined_payload([payload], lead)
+
+  def decode(self, payload, shape):
+    layout, joined = self._one(payload, shape, 0)
+    return self.decode_bucket(joined, layout)[0].reshape(shape)
+
+  def aggregate(self, gathered, shape):
+    layout, joined = self._one(gathered, shape, 1)
+    return self.aggregate_bucket(joined, layout)[0].reshape(shape)
 
 
 class Message(NamedTuple):

@@ -39,6 +39,7 @@ from jax import lax
 import optax
 
 from jaxcomp import core
+from jaxcomp import layout as layout_lib
 
 AxisName = Union[None, str, Sequence[str]]
 
@@ -416,6 +417,58 @@ def exchange_steps(
   own = compressor.decode(payload, shape) if need_own else None
   mean = compressor.aggregate((yield core.Message("gather", payload)), shape)
   return core.Exchanged(mean, own, payload, wire, state, metrics)
+
+
+def bucket_exchange_steps(
+    compressor: core.Compressor,
+    xs: Sequence[jax.Array],
+    keys: jax.Array,
+    axis_name: AxisName,
+    *,
+    need_own: bool = False,
+):
+  """The default exchange of a bucket of tensors, each encode and decode run once for all (messages).
+
+  For a compressor with ``bucket_encode`` (:class:`~jaxcomp.core.BucketCompressor`),
+  tensors ``xs`` with their keys stacked in ``keys``:
+  every tensor's agreement (one message), one :meth:`~jaxcomp.core.Compressor.encode_bucket`
+  over the bucket's layout (:mod:`jaxcomp.layout`), one gather of the bucket's
+  payload and one aggregate; for error feedback, each tensor's own payload is
+  decoded alone (see the comment below). Returns one :class:`~jaxcomp.core.Exchanged` per tensor, with
+  the numbers and bytes of :func:`exchange_steps` on that tensor alone: the
+  bucket's payload is its tensors' payloads end to end, and its elementwise
+  work is theirs (a bucket of one is the per-tensor exchange).
+  """
+  shapes = [x.shape for x in xs]
+  sizes = [core.size_of(s) for s in shapes]
+  layout = layout_lib.Layout(sizes, compressor.planes)
+  agreed = [compressor.agree(x) for x in xs]  # all None, or all of one structure
+  agreement_bytes = [0] * len(xs)
+  if agreed[0] is None:
+    agreed = None
+  else:  # one message of every tensor's values stacked: the maximum is elementwise
+    agreement_bytes = [core.tree_nbytes(a) for a in agreed] if axis_names(axis_name) else agreement_bytes
+    agreed = jax.tree.map(lambda *a: jnp.stack(a), *agreed)
+    agreed = (yield core.Message("max", agreed)) if axis_names(axis_name) else agreed
+  payload = compressor.encode_bucket([x.reshape(-1) for x in xs], keys, agreed, layout)
+  payload = lax.optimization_barrier(payload)  # as in exchange_steps: encoded once, for every consumer
+  structs = [compressor.payload_struct(n) for n in sizes]
+  parts = layout_lib.payload_parts(payload, structs)
+  wires = [core.tree_nbytes(st) + a for st, a in zip(structs, agreement_bytes)]
+  own = None
+  if need_own:
+    # Each tensor's own decode stays a per-tensor decode of its part: the residual x − own fuses
+    # with it, and XLA:CPU contracts that product and difference into a fused multiply-add where
+    # they share a loop; a bucket-wide decode would be a loop of its own in some buckets and not
+    # in others, and a tensor's residual must not depend on its bucket.
+    own = [compressor.decode(part, s) for part, s in zip(parts, shapes)]
+  if not axis_names(axis_name):  # one worker: the mean is its own bucket decoded
+    means = [m.reshape(s) for m, s in zip(compressor.decode_bucket(payload, layout), shapes)]
+  else:
+    gathered = yield core.Message("gather", payload)
+    means = [m.reshape(s) for m, s in zip(compressor.aggregate_bucket(gathered, layout), shapes)]
+  own = own if need_own else [None] * len(xs)
+  return [core.Exchanged(m, o, p, w, None, {}) for m, o, p, w in zip(means, own, parts, wires)]
 
 
 def exchange(compressor: core.Compressor, x: jax.Array, key: jax.Array, axis_name: AxisName,

@@ -62,17 +62,48 @@ def uniform(key: jax.Array, n: int, impl: RngImpl = "hash") -> jax.Array:
   check_impl(impl)
   if impl == "threefry":
     return jax.random.uniform(key, (n,), dtype=jnp.float32)
-  return _hash_bits24(key, n).astype(jnp.float32) * jnp.float32(2.0**-24)
+  return hash_to_uniform(_hash_bits24(key, n))
+
+
+def hash_to_uniform(bits24: jax.Array) -> jax.Array:
+  """The float32 uniforms on ``[0, 1)`` of the hash's 24-bit values (multiples of ``2**-24``)."""
+  return bits24.astype(jnp.float32) * jnp.float32(2.0**-24)
+
+
+def hash_seed(key: jax.Array) -> jax.Array:
+  """The hash generator's 64-bit seed ``(s0, s1)`` of ``key``: ``uint32[2]``."""
+  return jax.random.bits(key, (2,), dtype=jnp.uint32)
+
+
+def hash_seeds(keys) -> jax.Array:
+  """:func:`hash_seed` of every key of a list (or stacked array) at once: ``uint32[k, 2]``."""
+  return jax.vmap(hash_seed)(jnp.stack(list(keys)) if isinstance(keys, (list, tuple)) else keys)
 
 
 def _hash_bits24(key: jax.Array, n: int) -> jax.Array:
   """``n`` int32 values uniform on ``[0, 2**24)`` from the counter-based hash."""
-  seed = jax.random.bits(key, (2,), dtype=jnp.uint32)
-  x = (lax.iota(jnp.uint32, n) ^ seed[0]) * jnp.uint32(_GOLDEN)
-  x = (x ^ (x >> 15)) * (seed[1] | jnp.uint32(1))
+  seed = hash_seed(key)
+  return hash_bits24_at(lax.iota(jnp.uint32, n), seed[0], seed[1])
+
+
+def hash_bits24_at(k: jax.Array, s0: jax.Array, s1: jax.Array) -> jax.Array:
+  """The hash's int32 value on ``[0, 2**24)`` of element index ``k`` under the seed ``(s0, s1)``.
+
+  Elementwise over ``uint32`` arrays of one shape (or scalars): a bucket of
+  tensors draws each tensor's numbers as the tensor would alone by passing
+  every value's index within its tensor and that tensor's seed
+  (:mod:`jaxcomp.layout`).
+  """
+  x = (k ^ s0) * jnp.uint32(_GOLDEN)
+  x = (x ^ (x >> 15)) * (s1 | jnp.uint32(1))
   x = (x ^ (x >> 13)) * jnp.uint32(_M1)
   x = x ^ (x >> 16)
   return (x >> 8).astype(jnp.int32)
+
+
+def bernoulli_threshold(prob: jax.Array) -> jax.Array:
+  """``floor(prob · 2**24)`` as int32: :func:`bernoulli` draws ``bits24 < threshold`` (see there)."""
+  return (prob * jnp.float32(2.0**24)).astype(jnp.int32)
 
 
 def bernoulli(key: jax.Array, prob: jax.Array, impl: RngImpl = "hash") -> jax.Array:
@@ -87,8 +118,7 @@ def bernoulli(key: jax.Array, prob: jax.Array, impl: RngImpl = "hash") -> jax.Ar
   n = prob.shape[0]
   if impl == "threefry":
     return jax.random.uniform(key, (n,), dtype=jnp.float32) < prob
-  threshold = (prob * jnp.float32(2.0**24)).astype(jnp.int32)
-  return _hash_bits24(key, n) < threshold
+  return _hash_bits24(key, n) < bernoulli_threshold(prob)
 
 
 def leaf_key(step_key: jax.Array, leaf_index: int, worker_index) -> jax.Array:
@@ -99,3 +129,15 @@ def leaf_key(step_key: jax.Array, leaf_index: int, worker_index) -> jax.Array:
   or steps share a stream of random numbers.
   """
   return jax.random.fold_in(jax.random.fold_in(step_key, leaf_index), worker_index)
+
+
+def leaf_keys(step_key: jax.Array, leaf_indices, worker_index) -> jax.Array:
+  """:func:`leaf_key` of every index of ``leaf_indices`` (static ints) at once: the keys stacked.
+
+  One vectorized computation instead of one small one per tensor (a model has
+  hundreds); the keys are the same bits as :func:`leaf_key`'s.
+  """
+  indices = jnp.asarray(list(leaf_indices), dtype=jnp.uint32)
+  if indices.shape[0] == 0:
+    return jnp.zeros((0,) + jnp.shape(step_key), jnp.asarray(step_key).dtype)
+  return jax.vmap(lambda i: leaf_key(step_key, i, worker_index))(indices)

@@ -443,24 +443,40 @@ def compress(
     counts = count_two_phase_tensor(tp, g, bad, tracked_path)
     return _TensorResult(mean.astype(g.dtype), residual, inner, shard, counts)
 
-  def compress_tensor(g, x, bad, anywhere, residual, inner, shard, key, tracked_path):
-    """One compressed tensor's step (a generator of messages returning a :class:`_TensorResult`)."""
-    workers = parallel.axis_size(axis_name)
-    if routed and two_phase.choose(compressor, x.size, workers, exchange) == "two_phase":
-      result = yield from two_phase_tensor(g, x, bad, anywhere, residual, inner, shard, key, tracked_path)
-    else:
-      ex = yield from exchange_steps(x, key, inner)
-      mean = jnp.where(anywhere, jnp.full_like(ex.mean, jnp.nan), ex.mean) if nonfinite == "propagate" else ex.mean
-      residual = carry_residual(x, ex.own, residual, bad) if use_ef else residual
-      counts = count_tensor(compressor, ex, g, bad, tracked_path)
-      if routed:
-        counts["received_bytes"] = two_phase.all_gather_received(compressor, x.size, workers, ex.wire_bytes)
-      result = _TensorResult(mean.astype(g.dtype), residual, _or_masked(ex.state), shard, counts)
+  def two_phase_chosen(x):
+    return routed and two_phase.choose(compressor, x.size, parallel.axis_size(axis_name), exchange) == "two_phase"
+
+  def gathered_tensor(g, x, bad, anywhere, residual, shard, ex, tracked_path):
+    """A tensor's result from its all-gather exchange's :class:`~jaxcomp.core.Exchanged`."""
+    mean = jnp.where(anywhere, jnp.full_like(ex.mean, jnp.nan), ex.mean) if nonfinite == "propagate" else ex.mean
+    residual = carry_residual(x, ex.own, residual, bad) if use_ef else residual
+    counts = count_tensor(compressor, ex, g, bad, tracked_path)
+    if routed:
+      workers = parallel.axis_size(axis_name)
+      counts["received_bytes"] = two_phase.all_gather_received(compressor, x.size, workers, ex.wire_bytes)
+    return tracked_route(_TensorResult(mean.astype(g.dtype), residual, _or_masked(ex.state), shard, counts),
+                         tracked_path)
+
+  def tracked_route(result, tracked_path):
     if routed and tracked_path is not None:
       counts = dict(result.counts)
       counts[f"two_phase:{tracked_path}"] = counts.get("two_phase_tensors", 0)
       result = result._replace(counts=counts)
     return result
+
+  def compress_tensor(g, x, bad, anywhere, residual, inner, shard, key, tracked_path):
+    """One compressed tensor's step (a generator of messages returning a :class:`_TensorResult`)."""
+    if two_phase_chosen(x):
+      result = yield from two_phase_tensor(g, x, bad, anywhere, residual, inner, shard, key, tracked_path)
+      return tracked_route(result, tracked_path)
+    ex = yield from exchange_steps(x, key, inner)
+    return gathered_tensor(g, x, bad, anywhere, residual, shard, ex, tracked_path)
+
+  def compress_bucket(ids, gs, xs, bad, anywhere, residuals, shards, keys, tracked):
+    """A bucket's compressed tensors encoded at once (``bucket_encode``; ``keys`` stacked): a generator returning their results."""
+    exs = yield from parallel.bucket_exchange_steps(compressor, [xs[i] for i in ids], keys, axis_name, need_own=use_ef)
+    return [gathered_tensor(gs[i], xs[i], bad[i], anywhere[i], residuals[i], shards[i], ex, tracked.get(i))
+            for i, ex in zip(ids, exs)]
 
   def float_tensor(g, residual, inner, shard):
     """One tensor kept in float (a generator of messages returning a :class:`_TensorResult`)."""
@@ -488,16 +504,31 @@ def compress(
     # 2. Agree on which tensors are not finite on some worker.
     anywhere, flag_bytes = agree_on_nonfinite([bad[i] for i in compressed], axis_name, nonfinite)
     anywhere = dict(zip(compressed, anywhere))
-    # 3. Skip (float) or compress and exchange each tensor, in buckets; carry its residual.
-    steps = []
+    # 3. Skip (float) or compress and exchange each tensor, in buckets; carry its residual. A
+    #    compressor with bucket_encode encodes a bucket's all-gathered tensors at once: their
+    #    exchange is one step, at the bucket's first tensor (the others' steps are placeholders).
+    stacked_keys = rng.leaf_keys(step_key, compressed, worker)
+    leaf_keys = dict(zip(compressed, stacked_keys))
+    key_row = {i: j for j, i in enumerate(compressed)}
+    sizes = [4 * core.size_of(jnp.shape(g)) for g in p.leaves]
+    together = []
+    if compressor is not None and compressor.bucket_encode and not compressor.custom_exchange:
+      together = [ids for ids in ([i for i in group if not p.skipped[i] and not two_phase_chosen(xs[i])]
+                                  for group in buckets.assign(sizes, bucket_bytes)) if ids]
+    steps = [None] * len(p.leaves)
+    for ids in together:
+      bucket_keys = stacked_keys[np.array([key_row[i] for i in ids])]
+      steps[ids[0]] = compress_bucket(ids, p.leaves, xs, bad, anywhere, residuals, shards, bucket_keys, p.tracked)
+    covered = {i for ids in together for i in ids}
     for i, (g, r, inner, shard) in enumerate(zip(p.leaves, residuals, inners, shards)):
       if p.skipped[i]:
-        steps.append(float_tensor(g, r, inner, shard))
-      else:
-        key = rng.leaf_key(step_key, i, worker)
-        steps.append(compress_tensor(g, xs[i], bad[i], anywhere[i], r, inner, shard, key, p.tracked.get(i)))
-    sizes = [4 * core.size_of(jnp.shape(g)) for g in p.leaves]
+        steps[i] = float_tensor(g, r, inner, shard)
+      elif i not in covered:
+        steps[i] = compress_tensor(g, xs[i], bad[i], anywhere[i], r, inner, shard, leaf_keys[i], p.tracked.get(i))
     results = buckets.run(steps, sizes, bucket_bytes, axis_name)
+    for ids in together:
+      for i, result in zip(ids, results[ids[0]]):
+        results[i] = result
     # 4. Count.
     metrics = count_all(keys, results, p, flag_bytes)
     if routed:

@@ -11,6 +11,7 @@ from jax.sharding import PartitionSpec as P
 
 import jaxcomp
 from jaxcomp import buckets
+from jaxcomp import layout
 from jaxcomp import parallel
 
 N = 4  # workers: shard_map over 4 devices, or 2 devices with 2 vmap workers each
@@ -156,3 +157,75 @@ def test_one_device_per_worker_same_numbers_and_fewer_collectives(name):
   # All-reduces: the non-finite flags, the agreed scalars (per dtype), the float tensors (per
   # dtype), PowerSGD's P and Q rounds: a handful, however many tensors.
   assert _ops(text, "all-reduce") <= 6, _ops(text, "all-reduce")
+
+
+# -- encoding per bucket ------------------------------------------------------------
+
+BUCKET_ENCODED = ["terngrad", "qsgd", "int8", "threelc", "stochastic_ternary"]
+
+
+def _run_vmap(name, bucket_bytes, steps=2):
+  """Four vmap-simulated workers: nothing is fused on the wire, but a bucket is encoded at once."""
+  tx = _tx(name, "w", bucket_bytes)
+  state = parallel.replicate_workers(tx.init(jax.tree.map(lambda g: g[0], _grads(0))), N)
+  axes = parallel.worker_axes(state)
+  step = jax.jit(jax.vmap(tx.update, in_axes=(0, axes), out_axes=(None, axes), axis_name="w"))
+  outs = []
+  for t in range(steps):
+    upd, state = step(_grads(t), state)
+    outs.append(upd)
+  return jax.device_get((outs, state))
+
+
+def test_the_quantizers_encode_a_bucket_at_once():
+  from experiments import throughput
+  for name in BUCKET_ENCODED:
+    assert throughput.compressor_of(name).bucket_encode, name
+  assert not throughput.compressor_of("threelc", capacity=0.5).bucket_encode  # its own two-round exchange
+  assert not throughput.compressor_of("qsgd", norm="l2").bucket_encode  # a float sum per row
+
+
+@pytest.mark.parametrize("name", BUCKET_ENCODED)
+def test_a_bucket_encoded_at_once_under_vmap_gives_the_per_tensor_numbers(name):
+  """Over vmap-simulated workers alone: a bucket's tensors encoded at once, the numbers of one at a time."""
+  ref, got = _run_vmap(name, 0), _run_vmap(name, 1500)
+  for a, b in zip(jax.tree.leaves(ref), jax.tree.leaves(got)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=name)
+
+
+def test_layout_lays_tensors_side_by_side_and_back():
+  lay = layout.Layout([1, 9, 4, 0, 21], planes=4, chunk=2)
+  assert lay.widths == (1, 3, 1, 0, 6) and lay.chunks == (1, 2, 1, 1, 3) and lay.columns == 11
+  flats = [jnp.arange(n, dtype=jnp.float32) + 100 * i for i, n in enumerate(lay.sizes)]
+  joined = lay.join(flats, fill=-1)
+  assert joined.shape == (4, 8, 2)
+  for a, b in zip(lay.split(joined), flats):
+    np.testing.assert_array_equal(a, b)
+  # Each value's index within its own tensor, as the tensor alone would number it.
+  for idx, n in zip(lay.split(lay.index().astype(jnp.int32)), lay.sizes):
+    np.testing.assert_array_equal(idx, np.arange(n))
+  assert all(bool(v.all()) for v in lay.split(lay.valid()))
+  assert int(lay.compact(lay.valid()).sum()) == sum(lay.sizes)  # in the tensors' columns, the rest is padding
+  # Packed bytes: one a column, every tensor's m_i columns end to end.
+  cols = jnp.arange(8 * 2, dtype=jnp.int32).reshape(8, 2)
+  compact = lay.compact(cols)
+  assert compact.shape == (11,)
+  np.testing.assert_array_equal(lay.compact(lay.expand(compact)), compact)
+
+
+def test_a_bucket_payload_is_its_tensors_payloads_end_to_end_at_any_size():
+  """Billion-value tensors trace (eval_shape, no memory); sizes are Python ints."""
+  from jaxcomp.compressors.terngrad import TernGrad
+  c = TernGrad()
+  sizes = [2**31 + 3, 100, 7]
+  lay = layout.Layout(sizes, c.planes)
+  xs = [jax.ShapeDtypeStruct((n,), jnp.float32) for n in sizes]
+  keys = jax.ShapeDtypeStruct((3, 2), jnp.uint32)
+  out = jax.eval_shape(lambda xs, keys: c.encode_bucket(xs, keys, None, lay), xs, keys)
+  parts = [c.payload_struct(n) for n in sizes]
+  assert out.codes.shape == (sum(p.codes.shape[0] for p in parts),) == (lay.columns,)
+  assert out.scale.shape == (3,)
+  cut = layout.payload_parts(jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(
+      lambda: c.encode_bucket([jnp.zeros(5), jnp.zeros(9)], jnp.zeros((2, 2), jnp.uint32), None,
+                              layout.Layout([5, 9], c.planes)))), [c.payload_struct(5), c.payload_struct(9)])
+  assert [p.codes.shape for p in cut] == [(2,), (3,)] and [p.scale.shape for p in cut] == [(), ()]

@@ -52,7 +52,8 @@ __all__ = [
 ZERO_GROUP_BYTE = 121
 """The byte of five zero values: (0+1)·(81+27+9+3+1)."""
 
-_WEIGHTS = (81, 27, 9, 3, 1)
+WEIGHTS = (81, 27, 9, 3, 1)
+"""The weight of each of a byte's five base-3 digits, partition 0 first (step 5)."""
 
 
 def base243_size(n: int) -> int:
@@ -68,18 +69,18 @@ def _encode(flat: jax.Array) -> jax.Array:
   p = partitions(shifted, 5, length)  # steps 4-5: five contiguous partitions, zero-padded
   out = p[0] * jnp.uint8(81)
   for k in range(1, 5):
-    out = out + p[k] * jnp.uint8(_WEIGHTS[k])
+    out = out + p[k] * jnp.uint8(WEIGHTS[k])
   return out
 
 
-def _digit(b: jax.Array, k: int) -> jax.Array:
+def digit(b: jax.Array, k: int) -> jax.Array:
   """Digit ``k`` (0 = most significant, weight 81) of uint8 bytes, as uint32.
 
   Each digit straight from the byte (a division by a constant and a mod 3, which
   LLVM turns into multiply-shifts), not from the previous digit's remainder.
   """
   x = b.astype(jnp.uint32)
-  w = _WEIGHTS[k]
+  w = WEIGHTS[k]
   q = x // jnp.uint32(w) if w > 1 else x
   if k == 0:
     return q  # no mod 3: a byte >= 243 decodes out of range (3 - 1 = 2), as documented
@@ -91,7 +92,25 @@ def _decode(b: jax.Array, n: int) -> jax.Array:
   # The first n of P0 ‖ P1 ‖ … ‖ P4, joined from even-length pieces
   # (join_parts): concatenating all five and slicing the result to n, or
   # pieces at odd offsets, are slow on XLA:CPU.
-  return join_parts(b, lambda x, k: _digit(x, k).astype(jnp.int8) - jnp.int8(1), n, 5)
+  return join_parts(b, lambda x, k: digit(x, k).astype(jnp.int8) - jnp.int8(1), n, 5)
+
+
+def pack_digits(digits: jax.Array) -> jax.Array:
+  """Step 5 on digits already shifted and cut: ``digits[0]·81 + … + digits[4]`` (uint8, any trailing shape).
+
+  ``digits`` is ``uint8[5, ...]``, partition ``k`` in ``digits[k]`` (the
+  bucket layout of :mod:`jaxcomp.layout` holds a tensor's five partitions as
+  its planes).
+  """
+  out = digits[0] * jnp.uint8(WEIGHTS[0])
+  for k in range(1, 5):
+    out = out + digits[k] * jnp.uint8(WEIGHTS[k])
+  return out
+
+
+def unpack_digits(b: jax.Array) -> jax.Array:
+  """The inverse of :func:`pack_digits`: the five digits of every byte, ``uint32[5, ...]``."""
+  return jnp.stack([digit(b, k) for k in range(5)])
 
 
 def base243_encode(t: Any) -> jax.Array:
@@ -160,7 +179,7 @@ def base243_decode_checked(b: Any, n: int) -> jax.Array:
         "jaxcomp.codecs.zerorun); corrupted stream")
   pad = 5 * length - n
   if pad:
-    digits = np.stack([(a // w) % 3 for w in _WEIGHTS])  # (5, L) = P0..P4
+    digits = np.stack([(a // w) % 3 for w in WEIGHTS])  # (5, L) = P0..P4
     tail = digits.reshape(-1)[n:]
     nz = np.flatnonzero(tail)
     if nz.size:

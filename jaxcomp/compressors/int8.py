@@ -46,19 +46,25 @@ class Int8Payload(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True)
-class Int8(core.Compressor):
-  """The 8-bit int baseline (see the module docstring)."""
+class Int8(core.BucketCompressor):
+  """The 8-bit int baseline (see the module docstring); a bucket is quantized at once (``bucket_encode``)."""
 
   error_feedback = True
 
-  def encode(self, x, key, agreed):
-    del key, agreed
-    top = max_abs(x)
-    q = jnp.clip(jnp.round(x.reshape(-1) * (LEVELS * safe_reciprocal(top))), -LEVELS, LEVELS)
-    return Int8Payload(codes=q.astype(jnp.int8), scale=(top / LEVELS).astype(jnp.float32))
+  def payload_struct(self, n):
+    return Int8Payload(codes=jax.ShapeDtypeStruct((n,), jnp.int8), scale=jax.ShapeDtypeStruct((), jnp.float32))
 
-  def decode(self, payload, shape):
-    return (payload.codes.astype(jnp.float32) * payload.scale).reshape(shape)
+  def encode_bucket(self, xs, keys, agreed, layout):
+    del keys, agreed
+    tops = [max_abs(x) for x in xs]
+    x = layout.join(xs)[0]  # one plane: the tensors end to end
+    inv = layout.per_chunk([LEVELS * safe_reciprocal(t) for t in tops])
+    q = jnp.clip(jnp.round(x * inv), -LEVELS, LEVELS)
+    return Int8Payload(codes=layout.compact(q.astype(jnp.int8)),
+                       scale=jnp.stack([(t / LEVELS).astype(jnp.float32) for t in tops]))
+
+  def decode_columns(self, payload, layout):
+    return (layout.expand(payload.codes).astype(jnp.float32) * layout.per_chunk(payload.scale))[None]
 
 
 def int8(**kwargs: Any) -> optax.GradientTransformationExtraArgs:

@@ -67,7 +67,10 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jax import lax
+
 from jaxcomp import core
+from jaxcomp import layout as layout_lib
 from jaxcomp import rng
 from jaxcomp import transforms
 from jaxcomp.codecs import bits
@@ -97,8 +100,15 @@ def code_width(levels: int) -> int:
 
 
 @dataclasses.dataclass(frozen=True)
-class QSGD(core.Compressor):
+class QSGD(core.BucketCompressor):
   """QSGD's per-tensor compressor (see the module docstring).
+
+  With the max norm, when every full bucket of ``d`` values is packed by
+  itself (``d·b`` a multiple of 8, e.g. the default ``d = 512``), a bucket of tensors is
+  quantized at once (``bucket_encode``): the full QSGD buckets of all its
+  tensors as the rows of one ``(rows, d)`` array (each row's norm its own, the
+  uniforms drawn by each value's index within its tensor), each tensor's
+  partial last bucket alone.
 
   Attributes:
     levels: ``s``, the number of quantization levels (>= 1).
@@ -153,7 +163,116 @@ class QSGD(core.Compressor):
     # Full buckets are packed one per row when a bucket is a whole number of bytes.
     return (d * self.width) % 8 == 0
 
+  @property
+  def bucket_encode(self) -> bool:  # type: ignore[override]
+    # The L2 norm is a float sum per row, which XLA:CPU adds in another order in a taller array:
+    # with norm="l2" each tensor is quantized alone. (A maximum is exact in any order.)
+    return self.norm == "max" and self.bucket_size is not None and self._per_bucket(self.bucket_size)
+
+  def payload_struct(self, n):
+    d, full, rest = self._split(n)
+    return QSGDPayload(codes=jax.ShapeDtypeStruct((bits.packed_size(n, self.width),), jnp.uint8),
+                       norms=jax.ShapeDtypeStruct((full + (rest > 0),), jnp.float32))
+
+  def _uniforms(self, keys, sizes: list[int]):
+    """``u(i, lo, hi)``: tensor ``i``'s uniforms of its values ``[lo, hi)`` (flat), as :func:`jaxcomp.rng.uniform` draws them."""
+    if self.rng != "hash":
+      drawn = [rng.uniform(k, n, self.rng) for k, n in zip(keys, sizes)]
+      return lambda i, lo, hi: drawn[i][lo:hi]
+    seeds = rng.hash_seeds(keys)
+    return lambda i, lo, hi: rng.hash_to_uniform(rng.hash_bits24_at(
+        lax.iota(jnp.uint32, hi - lo) + jnp.uint32(lo), seeds[i, 0], seeds[i, 1]))
+
+  def encode_bucket(self, xs, keys, agreed, layout):
+    """Eq. 4 over a bucket of tensors: all their full QSGD buckets as the rows of one array, at once.
+
+    Row ``r`` (bucket ``j`` of tensor ``i``) draws the uniforms of values
+    ``j·d … (j+1)·d − 1`` of tensor ``i``; its norm is its own maximum (exact in
+    any order). The payload is every tensor's codes (its full rows packed one
+    by one, then its partial last bucket) and norms, tensor after tensor.
+    """
+    del agreed
+    d = self.bucket_size
+    split = [self._split(n) for n in layout.sizes]
+    full_of = [i for i, (_, full, _) in enumerate(split) if full]
+    uniform = self._uniforms(keys, list(layout.sizes))
+    codes, norms = [[] for _ in xs], [[] for _ in xs]
+    if full_of:
+      counts = [split[i][1] for i in full_of]
+      rows = [xs[i][:c * d].reshape(c, d) for i, c in zip(full_of, counts)]
+      rows = rows[0] if len(rows) == 1 else jnp.concatenate(rows)
+      if self.rng == "hash":
+        u = self._row_uniforms(keys, counts, full_of, rows.shape)
+      else:
+        u = jnp.concatenate([uniform(i, 0, c * d).reshape(c, d) for i, c in zip(full_of, counts)])
+      c, m = self._quantize(rows, u)
+      packed = jax.vmap(lambda r: bits.pack_uint(r, self.width))(c)
+      packed = layout_lib.materialize(packed) if len(xs) > 1 else packed  # one loop, not one a tensor
+      lo = 0
+      for i, count in zip(full_of, counts):
+        codes[i].append(packed[lo:lo + count].reshape(-1))
+        norms[i].append(m[lo:lo + count])
+        lo += count
+    for i, (flat, (_, full, rest)) in enumerate(zip(xs, split)):
+      if rest:
+        c, m = self._quantize(flat[full * d:][None, :], uniform(i, full * d, full * d + rest)[None, :])
+        codes[i].append(bits.pack_uint(c.reshape(-1), self.width))
+        norms[i].append(m)
+    return QSGDPayload(codes=_concat([a for c in codes for a in c], jnp.uint8),
+                       norms=_concat([a for m in norms for a in m], jnp.float32))
+
+  def _row_uniforms(self, keys, counts, tensors, shape):
+    """The hash's uniforms of the stacked full rows (``counts[t]`` rows of tensor ``tensors[t]``)."""
+    seeds = rng.hash_seeds(keys)
+    ids = jnp.concatenate([jnp.full((c,), i, jnp.int32) for i, c in zip(tensors, counts)])
+    base = jnp.concatenate([jnp.arange(c, dtype=jnp.uint32) * jnp.uint32(self.bucket_size) for c in counts])
+    index = base[:, None] + lax.broadcasted_iota(jnp.uint32, shape, 1)
+    return rng.hash_to_uniform(rng.hash_bits24_at(index, seeds[ids, 0][:, None], seeds[ids, 1][:, None]))
+
+  def decode_bucket(self, payload, layout):
+    return self._rows_decoded(payload, layout, lead=0)
+
+  def aggregate_bucket(self, gathered, layout):
+    return [core.sum_leading(a) / a.shape[0] for a in self._rows_decoded(gathered, layout, lead=1)]
+
+  def _rows_decoded(self, payload, layout, lead: int):
+    """Every tensor decoded (after ``lead`` worker axes): the full rows of all at once, then each partial bucket."""
+    d, s, w = self.bucket_size, self.levels, self.width
+    head = payload.codes.shape[:lead]
+    split = [self._split(n) for n in layout.sizes]
+    parts = layout_lib.payload_parts(payload, [self.payload_struct(n) for n in layout.sizes], lead)
+    full_of = [i for i, (_, full, _) in enumerate(split) if full]
+    out = [[] for _ in split]
+    if full_of:
+      cut = lambda i: split[i][1] * d * w // 8
+      packed = jnp.concatenate([parts[i].codes[..., :cut(i)].reshape(head + (split[i][1], -1)) for i in full_of],
+                               axis=lead)
+      scale = jnp.concatenate([parts[i].norms[..., :split[i][1]] for i in full_of], axis=lead) / s
+      rows = jax.vmap(lambda r: bits.unpack_uint(r, w, d))(packed.reshape((-1,) + packed.shape[-1:]))
+      rows = rows.reshape(packed.shape[:-1] + (d,))
+      values = (rows.astype(jnp.int32) - s).astype(jnp.float32) * scale[..., None]
+      lo = 0
+      for i in full_of:
+        out[i].append(values[..., lo:lo + split[i][1], :].reshape(head + (-1,)))
+        lo += split[i][1]
+    for i, (_, full, rest) in enumerate(split):
+      if rest:
+        codes = parts[i].codes[..., full * d * w // 8:]
+        unpack = lambda b, rest=rest: bits.unpack_uint(b, w, rest)
+        c = jax.vmap(unpack)(codes.reshape((-1,) + codes.shape[lead:])).reshape(head + (rest,))
+        out[i].append((c.astype(jnp.int32) - s).astype(jnp.float32) * (parts[i].norms[..., full] / s)[..., None])
+    return [o[0] if len(o) == 1 else jnp.concatenate(o, axis=-1) for o in out]
+
   def encode(self, x, key, agreed):
+    return super().encode(x, key, agreed) if self.bucket_encode else self._encode_whole(x, key)
+
+  def decode(self, payload, shape):
+    return super().decode(payload, shape) if self.bucket_encode else self._decode_whole(payload, shape)
+
+  def aggregate(self, gathered, shape):
+    return super().aggregate(gathered, shape) if self.bucket_encode else core.Compressor.aggregate(self, gathered, shape)
+
+  def _encode_whole(self, x, key):
     """Codes of the full buckets (one packed row each), then of the partial last bucket.
 
     With ``d·b`` a multiple of 8 (any ``d`` divisible by 8) every full bucket
@@ -164,7 +283,6 @@ class QSGD(core.Compressor):
     ``(buckets, d)`` array and the partial one apart keeps padding and
     per-element gathers out of XLA's fused loops (several times faster on CPU).
     """
-    del agreed
     n = x.size
     d, full, rest = self._split(n)
     flat = x.reshape(-1)
@@ -184,7 +302,7 @@ class QSGD(core.Compressor):
       packed = [bits.pack_uint(jnp.concatenate([c.reshape(-1) for c in codes]), self.width)]
     return QSGDPayload(codes=_concat(packed, jnp.uint8), norms=_concat(norms, jnp.float32))
 
-  def decode(self, payload, shape):
+  def _decode_whole(self, payload, shape):
     n = core.size_of(shape)
     d, full, rest = self._split(n)
     s, w = self.levels, self.width

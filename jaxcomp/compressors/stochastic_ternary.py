@@ -47,7 +47,7 @@ from jaxcomp import core
 from jaxcomp import rng
 from jaxcomp import transforms
 from jaxcomp.codecs import base243
-from jaxcomp.compressors.terngrad import TernGrad, ternarize_stored
+from jaxcomp.compressors.terngrad import TernGrad
 
 
 class StochasticTernaryPayload(NamedTuple):
@@ -70,21 +70,28 @@ class StochasticTernary(TernGrad):
   rng: rng.RngImpl = "hash"
 
 
-  def encode(self, x, key, agreed):
-    scale = agreed if agreed is not None else self._local_scale(x)
-    codes = ternarize_stored(x.reshape(-1), scale, key, self.rng)[:x.size]
-    return StochasticTernaryPayload(codes=base243.base243_encode(codes), scale=scale.astype(jnp.float32))
+  planes = 5  # base-3^5's partitions (jaxcomp.codecs.base243)
 
-  def decode(self, payload, shape):
-    codes = base243.base243_decode(payload.codes, core.size_of(shape))
-    return (codes.astype(jnp.float32) * payload.scale).reshape(shape)
+  def payload_struct(self, n):
+    return StochasticTernaryPayload(codes=jax.ShapeDtypeStruct((base243.base243_size(n),), jnp.uint8),
+                                    scale=jax.ShapeDtypeStruct((), jnp.float32))
 
-  def aggregate(self, gathered, shape):
+  def encode_bucket(self, xs, keys, agreed, layout):
+    """TernGrad's codes over the bucket (no clipping), five to a byte (base-3^5 pads with digit 0)."""
+    codes, scales = self.ternary_codes(xs, keys, agreed, layout)
+    digits = jnp.where(layout.valid(), codes, 0)
+    return StochasticTernaryPayload(codes=layout.compact(base243.pack_digits(digits)), scale=scales)
+
+  def decode_columns(self, payload, layout):
+    t = base243.unpack_digits(layout.expand(payload.codes)).astype(jnp.int8) - jnp.int8(1)
+    return t.astype(jnp.float32) * layout.per_chunk(payload.scale)
+
+  def aggregate_columns(self, gathered, layout):
     if not self.scalar_sharing:
-      return core.Compressor.aggregate(self, gathered, shape)
-    n = core.size_of(shape)
-    total = core.sum_leading(jax.vmap(lambda c: base243.base243_decode(c, n))(gathered.codes))
-    return (total.astype(jnp.float32) * (gathered.scale[0] / gathered.scale.shape[0])).reshape(shape)
+      return core.BucketCompressor.aggregate_columns(self, gathered, layout)
+    digits = jax.vmap(lambda c: base243.unpack_digits(layout.expand(c)).astype(jnp.int8) - jnp.int8(1))
+    total = core.sum_leading(digits(gathered.codes))
+    return total.astype(jnp.float32) * layout.per_chunk(gathered.scale[0] / gathered.scale.shape[0])
 
 
 def stochastic_ternary(

@@ -65,13 +65,13 @@ def _moments(x: jax.Array) -> tuple[jax.Array, jax.Array]:
   if x.size == 0:
     return jnp.float32(0.0), jnp.float32(0.0)
   d = x - jnp.mean(x)
-  return jnp.sqrt(jnp.dot(d, d) / x.size), jnp.maximum(jnp.max(x), -jnp.min(x))
+  return jnp.sqrt(jnp.dot(d, d) / float(x.size)), jnp.maximum(jnp.max(x), -jnp.min(x))  # float: any size
 
 
 def _clip_bound(sigma: jax.Array, c: Optional[float]) -> jax.Array:
   """Eq. 21's ``c·σ``; ``inf`` (no clipping) for ``c=None`` or ``σ = 0``."""
   if c is None:
-    return jnp.float32(jnp.inf)
+    return jnp.full(jnp.shape(sigma), jnp.inf, jnp.float32)
   return jnp.where(sigma > 0, c * sigma, jnp.inf)
 
 
@@ -119,8 +119,13 @@ def ternarize_stored(x: jax.Array, scale: jax.Array, key: jax.Array, impl: rng.R
 
 
 @dataclasses.dataclass(frozen=True)
-class TernGrad(core.Compressor):
+class TernGrad(core.BucketCompressor):
   """TernGrad's per-tensor compressor (see the module docstring).
+
+  A bucket of tensors is ternarized and packed at once (``bucket_encode``):
+  each tensor's ``σ``, bound and scalar are its own, spread over its columns
+  of the bucket's layout (:mod:`jaxcomp.layout`: four planes, the 2-bit
+  packing's), and the hash draws by each value's index within its tensor.
 
   Attributes:
     clip_sigma: ``c`` of Eq. 21; ``None`` turns clipping off.
@@ -133,6 +138,7 @@ class TernGrad(core.Compressor):
   rng: rng.RngImpl = "hash"
 
   unbiased = True  # unbiased w.r.t. the clipped gradient (exactly unbiased when clip_sigma=None)
+  planes = 4  # the 2-bit packing's (jaxcomp.codecs.twobit)
 
   def __post_init__(self):
     if self.clip_sigma is not None and not self.clip_sigma > 0:
@@ -151,40 +157,60 @@ class TernGrad(core.Compressor):
   def agree(self, x):
     return self._local_scale(x) if self.scalar_sharing else None
 
-  def encode(self, x, key, agreed):
-    flat = x.reshape(-1)
-    bound, local = self._bound_and_scale(flat)
-    scale = agreed if agreed is not None else local
-    if flat.shape[0] % 4 == 0:
-      # No padding: the 2-bit packer reads four contiguous quarters, and
-      # XLA:CPU runs the hash loop fused into it faster than it stores the
-      # codes first (docs/benchmarks.md). At other lengths the padding makes
-      # the fused loop slow, so the codes are stored.
-      codes = ternarize(flat, scale, key, self.rng, bound=bound)
-    else:
-      # The padded codes' extra zeros are the pack's own padding.
-      codes = ternarize_stored(flat, scale, key, self.rng, bound=bound)
-    return TernGradPayload(codes=twobit.pack_2bit(codes), scale=scale.astype(jnp.float32))
+  def payload_struct(self, n):
+    return TernGradPayload(codes=jax.ShapeDtypeStruct((twobit.packed_2bit_size(n),), jnp.uint8),
+                           scale=jax.ShapeDtypeStruct((), jnp.float32))
 
-  def decode(self, payload, shape):
-    n = core.size_of(shape)
-    codes = twobit.unpack_codes(payload.codes, n)  # t + 1
-    return ((codes.astype(jnp.float32) - 1.0) * payload.scale).reshape(shape)
+  def encode_bucket(self, xs, keys, agreed, layout):
+    """Eq. 1, 3 over the bucket: ``sign(x)·b``, ``b ~ Bernoulli(min(|x|, bound)/s)``, packed 2-bit."""
+    codes, scales = self.ternary_codes(xs, keys, agreed, layout)
+    packed = codes[0] | (codes[1] << 2) | (codes[2] << 4) | (codes[3] << 6)
+    return TernGradPayload(codes=layout.compact(packed), scale=scales)
 
-  def aggregate(self, gathered, shape):
+  def ternary_codes(self, xs, keys, agreed, layout) -> tuple[jax.Array, jax.Array]:
+    """The codes ``t + 1`` of a bucket's tensors in ``layout`` (uint8; a padded zero draws 1) and their scalars.
+
+    The moments are reduced per tensor; what follows from them (Eq. 21's bound,
+    Eq. 2's scalar, its reciprocal) is computed for all tensors at once, on
+    vectors of one value a tensor (the same IEEE operations as on scalars).
+    """
+    moments = [_moments(flat) for flat in xs]
+    bounds = _clip_bound(jnp.stack([m[0] for m in moments]), self.clip_sigma)
+    scales = jnp.minimum(jnp.stack([m[1] for m in moments]), bounds) if agreed is None else agreed
+    scales = scales.astype(jnp.float32)
+    x = layout.join(xs)  # padded with zeros: a zero draws code 0, the packing's own padding
+    mag = jnp.minimum(jnp.abs(x), layout.per_chunk(bounds))
+    prob = mag * layout.per_chunk(_quant.safe_reciprocal(scales))
+    if self.rng == "hash":
+      seeds = rng.hash_seeds(keys)
+      bits = rng.hash_bits24_at(layout.index(), layout.per_chunk(seeds[:, 0]), layout.per_chunk(seeds[:, 1]))
+      keep = bits < rng.bernoulli_threshold(prob)
+    else:  # threefry: each tensor's own uniforms, laid out as the values
+      keep = layout.join([rng.uniform(k, n, self.rng) for k, n in zip(keys, layout.sizes)], fill=1.0) < prob
+    return jnp.where(keep, jnp.where(x > 0, 2, 0), 1).astype(jnp.uint8), scales  # t + 1
+
+  def decode_columns(self, payload, layout):
+    codes = twobit_planes(layout.expand(payload.codes))  # t + 1
+    return (codes.astype(jnp.float32) - 1.0) * layout.per_chunk(payload.scale)
+
+  def aggregate_columns(self, gathered, layout):
     if not self.scalar_sharing:
-      return super().aggregate(gathered, shape)
-    n = core.size_of(shape)
+      return super().aggregate_columns(gathered, layout)
     workers = gathered.scale.shape[0]
     # The codes are summed on the packed bytes, LANE_WORKERS workers at a time
     # (integer sums: exact in any order). The plain form unpacks every worker:
-    # core.sum_leading(jax.vmap(lambda c: twobit.unpack_codes(c, n))(gathered.codes)).
+    # core.sum_leading(jax.vmap(lambda c: twobit_planes(layout.expand(c)))(gathered.codes)).
     codes = 0
     for lo in range(0, workers, twobit.LANE_WORKERS):
-      lanes = core.sum_leading(twobit.spread_lanes(gathered.codes[lo:lo + twobit.LANE_WORKERS]))
-      codes = codes + twobit.lane_codes(lanes, n)
+      lanes = layout.expand(core.sum_leading(twobit.spread_lanes(gathered.codes[lo:lo + twobit.LANE_WORKERS])))
+      codes = codes + jnp.stack([((lanes >> (8 * k)) & 0xFF).astype(jnp.int32) for k in range(4)])
     total = codes - workers  # int32: the sum of t over workers
-    return (total.astype(jnp.float32) * (gathered.scale[0] / workers)).reshape(shape)
+    return total.astype(jnp.float32) * layout.per_chunk(gathered.scale[0] / workers)
+
+
+def twobit_planes(packed: jax.Array) -> jax.Array:
+  """The four planes of 2-bit codes ``t + 1`` of packed bytes: ``uint8[4, ...]`` (:mod:`jaxcomp.codecs.twobit`)."""
+  return jnp.stack([(packed >> (2 * k)) & 3 for k in range(4)])
 
 
 def terngrad(

@@ -99,8 +99,12 @@ def quantize_3value(x: jax.Array, sparsity: float) -> tuple[jax.Array, jax.Array
 
 
 @dataclasses.dataclass(frozen=True)
-class ThreeLC(core.Compressor):
+class ThreeLC(core.BucketCompressor):
   """3LC's per-tensor compressor (see the module docstring).
+
+  With the base-3^5 wire (``capacity=None``) a bucket is quantized and
+  base-3^5-encoded at once (``bucket_encode``; :mod:`jaxcomp.layout` with the
+  encoding's five planes); the zero-run size stays per tensor.
 
   Attributes:
     sparsity: the sparsity multiplier ``s``, ``1 <= s < 2`` (§3.1).
@@ -116,6 +120,7 @@ class ThreeLC(core.Compressor):
   capacity: Optional[float] = None
 
   error_feedback = True
+  planes = 5  # base-3^5's partitions (jaxcomp.codecs.base243)
 
   def __post_init__(self):
     if not 1.0 <= float(self.sparsity) < 2.0:
@@ -132,6 +137,10 @@ class ThreeLC(core.Compressor):
     return self.capacity is not None
 
   @property
+  def bucket_encode(self) -> bool:  # type: ignore[override]
+    return self.capacity is None
+
+  @property
   def metric_keys(self) -> tuple[str, ...]:  # type: ignore[override]
     return ("zero_run_fallbacks", "zero_run_fallback_rounds") if self.capacity is not None else ()
 
@@ -140,24 +149,42 @@ class ThreeLC(core.Compressor):
 
   # -- base-3^5 wire (capacity=None) ----------------------------------------
 
+  def payload_struct(self, n):
+    return ThreeLCPayload(codes=jax.ShapeDtypeStruct((base243.base243_size(n),), jnp.uint8),
+                          scale=jax.ShapeDtypeStruct((), jnp.float32))
+
+  def encode_bucket(self, xs, keys, agreed, layout):
+    """§3.1 and §3.2 over the bucket: ``round(x/m)`` of each tensor's ``m``, five values a byte."""
+    del keys, agreed
+    scales = [(max_abs(x) * jnp.float32(self.sparsity)).astype(jnp.float32) for x in xs]
+    q = jnp.round(layout.join(xs) * layout.per_chunk([safe_reciprocal(m) for m in scales]))
+    # Shifted to {0, 1, 2}; base-3^5 pads with the digit 0 (jaxcomp.codecs.base243, step 4).
+    digits = jnp.where(layout.valid(), q.astype(jnp.int8) + 1, 0).astype(jnp.uint8)
+    return ThreeLCPayload(codes=layout.compact(base243.pack_digits(digits)), scale=jnp.stack(scales))
+
+  def decode_columns(self, payload, layout):
+    q = base243.unpack_digits(layout.expand(payload.codes)).astype(jnp.int8) - jnp.int8(1)
+    return q.astype(jnp.float32) * layout.per_chunk(payload.scale)
+
   def encode(self, x, key, agreed):
-    del key, agreed
-    q, m = quantize_3value(x, self.sparsity)
-    codes = base243.base243_encode(q)
     if self.capacity is None:
-      return ThreeLCPayload(codes=codes, scale=m)
-    packed = zerorun.zero_run_pack_fixed(codes, self._capacity_bytes(x.size))
+      return super().encode(x, key, agreed)
+    q, m = quantize_3value(x, self.sparsity)
+    packed = zerorun.zero_run_pack_fixed(base243.base243_encode(q), self._capacity_bytes(x.size))
     return ThreeLCZeroRunPayload(buffer=packed.buffer, length=packed.length, scale=m)
 
   def decode(self, payload, shape):
     """Decodes a payload; a zero-run payload must fit (see :meth:`exchange`)."""
+    if not isinstance(payload, ThreeLCZeroRunPayload):
+      return super().decode(payload, shape)
     n = core.size_of(shape)
-    if isinstance(payload, ThreeLCZeroRunPayload):
-      codes = zerorun.zero_run_unpack_fixed(payload.buffer, payload.length, base243.base243_size(n))
-    else:
-      codes = payload.codes
-    q = base243.base243_decode(codes, n)
-    return (q.astype(jnp.float32) * payload.scale).reshape(shape)
+    codes = zerorun.zero_run_unpack_fixed(payload.buffer, payload.length, base243.base243_size(n))
+    return (base243.base243_decode(codes, n).astype(jnp.float32) * payload.scale).reshape(shape)
+
+  def aggregate(self, gathered, shape):
+    if isinstance(gathered, ThreeLCZeroRunPayload):  # every worker's fitting stream decoded alone
+      return core.Compressor.aggregate(self, gathered, shape)
+    return super().aggregate(gathered, shape)
 
   def encoded_bytes(self, payload, shape):
     if not self.zero_run:

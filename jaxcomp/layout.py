@@ -1,0 +1,235 @@
+"""Tensors side by side: a bucket's flat tensors as the columns of one array, for one encode.
+
+A planar codec (TernGrad's 2-bit packing, 3LC's base-3^5, int8's bytes) cuts
+a flat tensor of ``n`` values into ``P`` contiguous planes of
+``m = ceil(n / P)`` values (the last padded) and packs byte ``j`` from value
+``j`` of every plane (:mod:`jaxcomp.codecs.twobit`, :mod:`jaxcomp.codecs.base243`).
+A tensor is thus a ``(P, m)`` array whose packed bytes are its columns. Laying
+a bucket's tensors side by side, ``(P, m_1) ‖ (P, m_2) ‖ …`` along the
+columns, gives one ``(P, M)`` array, ``M = Σ m_i``, whose packed bytes are the
+concatenation of every tensor's own packed bytes, padding included: one
+elementwise encode and one pack over the bucket write, byte for byte, what
+the tensors' encodes write one at a time (so ``bytes_on_wire`` and every
+number stay the same), and one decode reads them back.
+
+What an encoder needs per tensor (a scale, a clipping bound, the seeds of its
+random numbers) is computed per tensor and spread over that tensor's columns
+(:meth:`Layout.per_chunk`); what it needs per element is the element's
+index within its own tensor (:meth:`Layout.index`), so that a
+counter-based generator (:mod:`jaxcomp.rng`) draws each tensor's numbers as
+it would alone. The per-tensor encode is the same code on a bucket of one.
+(For speed the columns are further cut into chunks of one tensor each: see
+:class:`Layout`.)
+
+Sizes are Python ints (exact at any size); nothing here allocates more than
+the arrays of the bucket, so billion-parameter trees trace under
+``jax.eval_shape``. Everything is plain ``jax.numpy``, for any backend.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def materialize(a: jax.Array) -> jax.Array:
+  """``a`` unchanged, but computed into its own buffer before its consumers run.
+
+  XLA fuses an elementwise producer (a quantizer) into its consumer. Before
+  base-3^5 encoding that is slow on XLA:CPU: the encoder pads the codes and
+  cuts them into five partitions, and the fused loop evaluates the quantizer
+  through the pad (docs/benchmarks.md). Likewise a bucket's encode, whose
+  consumers are its tensors' slices (:meth:`Layout.compact`), would be fused
+  into every slice: one loop per tensor again. XLA does not fuse a reduction
+  into several consumers (the JAX 0.10 XLA:CPU does fuse it into a single
+  one), so a sum over the stacked pair ``(a, z)`` ends the fusion here; ``z``
+  is the additive identity of every value (``0`` for integers, ``−0.0`` for
+  floats: ``x + (−0.0) = x`` for every float ``x``, signed zeros and NaN
+  included), so the sum is ``a`` bit for bit. Its producers do fuse into it:
+  not for a concatenation of many arrays (see :meth:`Layout.split`).
+  ``lax.optimization_barrier`` does not (see :func:`jaxcomp.parallel.exchange`
+  for what it does). On GPU/TPU this costs one extra pass over ``a``; ``a``
+  itself is the plain form.
+  """
+  if a.dtype == jnp.bool_:
+    return materialize(a.astype(jnp.uint8)).astype(jnp.bool_)
+  zero = jnp.array(-0.0 if jnp.issubdtype(a.dtype, jnp.floating) else 0, a.dtype)
+  return jax.lax.reduce(jnp.stack([a, jnp.broadcast_to(zero, a.shape)]), zero, jax.lax.add, (0,))
+
+
+def ceil_div(a: int, b: int) -> int:
+  return -(-a // b)
+
+
+CHUNK = 128
+"""Columns a chunk: every chunk belongs to one tensor, so its parameters are one value per chunk."""
+
+
+class Layout:
+  """The static layout of a bucket of flat tensors of ``sizes`` values, ``planes`` rows each.
+
+  Tensor ``i`` is ``(planes, m_i)``, ``m_i = ceil(n_i / planes)``: the packed
+  bytes of a planar codec are its columns, and the bucket's payload is every
+  tensor's ``m_i`` columns end to end (``M = Σ m_i`` in all). For the
+  elementwise work the columns are cut into chunks of :data:`CHUNK`, a
+  tensor's last chunk padded, and the bucket is the ``(planes, chunks, CHUNK)``
+  array of every tensor's chunks: a chunk belongs to one tensor, so a
+  per-tensor parameter is one value per chunk, broadcast along the chunk,
+  instead of a lookup per element (on XLA:CPU that lookup made the encode
+  three times slower than the tensors' own encodes; broadcasting per chunk
+  makes it faster than them). The padding (under ``CHUNK`` columns a tensor)
+  is computed and dropped: :meth:`compact` keeps each tensor's ``m_i`` columns.
+  """
+
+  def __init__(self, sizes: Sequence[int], planes: int, chunk: int = CHUNK):
+    self.sizes = tuple(int(n) for n in sizes)
+    self.planes = int(planes)
+    self.chunk = int(chunk)
+    self.widths = tuple(ceil_div(n, self.planes) for n in self.sizes)  # m_i: columns of tensor i
+    self.chunks = tuple(max(1, ceil_div(m, self.chunk)) for m in self.widths)  # chunks of tensor i
+    self.first = tuple(int(c) for c in np.cumsum((0,) + self.chunks[:-1], dtype=np.int64))  # its first chunk
+    self.columns = int(sum(self.widths))  # M
+
+  def __len__(self) -> int:
+    return len(self.sizes)
+
+  def _cut(self, a: jax.Array, i: int) -> jax.Array:
+    """Tensor ``i``'s chunks of ``a`` (``(..., chunks, CHUNK)``) as ``(..., m_i)`` columns."""
+    lo, c = self.first[i], self.chunks[i]
+    block = a if len(self.sizes) == 1 else jax.lax.slice_in_dim(a, lo, lo + c, axis=a.ndim - 2)
+    flat = block.reshape(a.shape[:-2] + (c * self.chunk,))
+    return flat if c * self.chunk == self.widths[i] else flat[..., :self.widths[i]]
+
+  def _chunked(self, cols: Sequence[jax.Array], fill: Any) -> jax.Array:
+    """Every tensor's ``(..., m_i)`` columns padded to its chunks, joined: ``(..., chunks, CHUNK)``."""
+    blocks = []
+    for a, m, c in zip(cols, self.widths, self.chunks):
+      if c * self.chunk != m:
+        a = jnp.pad(a, [(0, 0)] * (a.ndim - 1) + [(0, c * self.chunk - m)], constant_values=fill)
+      blocks.append(a.reshape(a.shape[:-1] + (c, self.chunk)))
+    return blocks[0] if len(blocks) == 1 else _joined(blocks, axis=-2)
+
+  def join(self, flats: Sequence[jax.Array], fill: Any = 0) -> jax.Array:
+    """The tensors (flat, ``sizes`` long) as one ``(planes, chunks, CHUNK)`` array, padded with ``fill``."""
+    cols = []
+    for a, n, m in zip(flats, self.sizes, self.widths):
+      a = a.reshape(-1)
+      if self.planes * m != n:
+        a = jnp.pad(a, (0, self.planes * m - n), constant_values=fill)
+      cols.append(a.reshape(self.planes, m))
+    return self._chunked(cols, fill)
+
+  def split(self, a: jax.Array) -> list[jax.Array]:
+    """The inverse of :meth:`join` on ``a`` of shape ``(..., planes, chunks, CHUNK)``: flat ``(..., n_i)``.
+
+    XLA fuses the elementwise producer of ``a`` (a decode) into each tensor's slice: a loop a
+    tensor, each reading only its own part (XLA simplifies the slice of a joined array to the
+    slice of its part). Materializing ``a`` instead would fuse the join's concatenation of the
+    bucket's tensors into one loop, which on XLA:CPU searches its hundreds of operands per value
+    (ResNet-20: 12 ms, against 0.4 ms for the tensors' own decodes).
+    """
+    out = []
+    for i, n in enumerate(self.sizes):
+      cols = self._cut(a, i)
+      flat = cols.reshape(cols.shape[:-2] + (self.planes * self.widths[i],))
+      out.append(flat if flat.shape[-1] == n else flat[..., :n])
+    return out
+
+  def compact(self, a: jax.Array) -> jax.Array:
+    """Per-column values ``(..., chunks, CHUNK)`` (packed bytes) as the payload's ``(..., M)``.
+
+    ``a`` is computed as one array first (:func:`materialize`), not once a tensor inside its slice.
+    """
+    a = a if len(self.sizes) == 1 else materialize(a)
+    cols = [self._cut(a, i) for i in range(len(self.sizes))]
+    return cols[0] if len(cols) == 1 else jnp.concatenate(cols, axis=-1)
+
+  def expand(self, b: jax.Array, fill: Any = 0) -> jax.Array:
+    """The inverse of :meth:`compact`: ``(..., M)`` as ``(..., chunks, CHUNK)``, padded with ``fill``."""
+    starts = np.cumsum((0,) + self.widths[:-1], dtype=np.int64)
+    cols = [b if len(self.sizes) == 1 else jax.lax.slice_in_dim(b, int(s), int(s) + m, axis=b.ndim - 1)
+            for s, m in zip(starts, self.widths)]
+    return self._chunked(cols, fill)
+
+  def per_chunk(self, values: Any) -> jax.Array:
+    """Per-tensor values spread over each tensor's chunks: ``(chunks, 1)``, to broadcast along them.
+
+    ``values`` is a vector with one value a tensor, or a list of scalars of
+    one dtype. A bucket of one broadcasts its scalar; otherwise each chunk
+    takes its tensor's value from the table (a few thousand lookups).
+    """
+    if isinstance(values, (list, tuple)):
+      table = jnp.stack([jnp.asarray(v).reshape(()) for v in values])
+    else:
+      table = values
+    if len(self.sizes) == 1:
+      return jnp.broadcast_to(table[0], (self.chunks[0], 1))
+    ids = _joined([jnp.full((c,), i, jnp.int32) for i, c in enumerate(self.chunks)])
+    return materialize(table[ids])[:, None]
+
+  def index(self) -> jax.Array:
+    """Each value's index within its own tensor, ``uint32[planes, chunks, CHUNK]``.
+
+    Value ``(p, j, c)`` in chunk ``j`` of tensor ``i`` (its ``j − first_i``-th)
+    is its element ``p·m_i + (j − first_i)·CHUNK + c`` (padding: ``n_i`` and
+    above, or beyond ``m_i`` columns).
+    """
+    shape = (self.planes, sum(self.chunks), self.chunk)
+    row = jax.lax.broadcasted_iota(jnp.uint32, shape, 0)
+    col = jax.lax.broadcasted_iota(jnp.uint32, shape, 2)
+    base = jnp.arange(self.chunks[0], dtype=jnp.uint32) * np.uint32(self.chunk) if len(self.sizes) == 1 else \
+        _joined([jnp.arange(c, dtype=jnp.uint32) * np.uint32(self.chunk) for c in self.chunks])
+    return row * self.per_chunk([np.uint32(m) for m in self.widths]) + base[:, None] + col
+
+  def valid(self) -> jax.Array:
+    """Where a tensor's ``planes·m_i`` values are its own (``index < n_i``), not its padding to them (bool).
+
+    (The columns beyond ``m_i`` are dropped by :meth:`compact` whatever they hold.)
+    """
+    return self.index() < self.per_chunk([np.uint32(n) for n in self.sizes])
+
+
+def _joined(parts: Sequence[jax.Array], axis: int = 0) -> jax.Array:
+  """``jnp.concatenate(parts, axis)``: never :func:`materialize` d.
+
+  Fused into a loop (such as :func:`materialize`'s), a concatenation of a
+  bucket's hundreds of tensors is evaluated per value by a search over its
+  operands (XLA:CPU: ResNet-20's join took 8 ms instead of 0.26 ms); alone,
+  as XLA:CPU leaves it here, it is a copy.
+  """
+  return jnp.concatenate(parts, axis=axis)
+
+
+def payload_parts(payload: Any, structs: Sequence[Any], lead: int = 0) -> list[Any]:
+  """A bucket's payload cut into its tensors' payloads.
+
+  Every array of a bucket's payload is its tensors' arrays (of the shapes of
+  ``structs[i]``, a payload of ``jax.ShapeDtypeStruct`` s) flattened and laid
+  end to end, after ``lead`` leading axes (a gathered payload's worker axis).
+  """
+  leaves, treedef = jax.tree.flatten(payload)
+  per_field = [treedef.flatten_up_to(s) for s in structs]
+  starts = [0] * len(leaves)
+  parts = []
+  for fields in per_field:
+    out = []
+    for f, (a, struct) in enumerate(zip(leaves, fields)):
+      shape = tuple(struct.shape)
+      size = int(np.prod(shape, dtype=np.int64))
+      whole = size == a.shape[lead] and starts[f] == 0
+      piece = a if whole else jax.lax.slice_in_dim(a, starts[f], starts[f] + size, axis=lead)
+      out.append(piece.reshape(a.shape[:lead] + shape))
+      starts[f] += size
+    parts.append(treedef.unflatten(out))
+  return parts
+
+
+def joined_payload(parts: Sequence[Any], lead: int = 0) -> Any:
+  """The inverse of :func:`payload_parts`: the tensors' payloads as one bucket payload."""
+  flat = [jax.tree.map(lambda a: a.reshape(a.shape[:lead] + (-1,)), p) for p in parts]
+  if len(flat) == 1:
+    return flat[0]
+  return jax.tree.map(lambda *a: jnp.concatenate(a, axis=lead), *flat)
