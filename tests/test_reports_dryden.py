@@ -51,6 +51,7 @@ def test_sweep_names_unique_and_transforms_build():
     assert jax.tree.structure(upd) == jax.tree.structure(params), name
 
 
+@pytest.mark.timeout(600)  # 76 s beside a suite run; over 300 s beside two and a CPU hog
 def test_runlocal_two_steps_end_to_end(tmp_path):
   c = dryden_mlp.get_config("runlocal,dataset=mnist5k")  # hidden 256 (smoke test), adaptive
   c.num_train_steps = 2
