@@ -84,6 +84,7 @@ def test_apply_if_finite_skips_on_every_worker_together():
   _assert_same(got["vmap"], got["shard_map"], "layouts")
 
 
+@pytest.mark.timeout(900)  # 293 s beside a second suite run and a CPU hog
 def test_apply_if_finite_state_and_giving_up():
   tx = jaxcomp.apply_if_finite(_chain("w"), 0, axis_name="w")
   state = parallel.replicate_workers(tx.init(PARAMS), 2)
