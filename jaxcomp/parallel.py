@@ -408,7 +408,7 @@ def exchange_steps(
   # decode). Without the barrier XLA may fuse the encoder into each of them and
   # run it once per consumer. The barrier prevents that, although it is gone
   # from the compiled program; it does not cut a producer from the fusion of a
-  # single consumer (that is what compressors._quant.materialize is for).
+  # single consumer (that is what jaxcomp.layout.materialize is for).
   payload = lax.optimization_barrier(payload)
   wire = core.tree_nbytes(payload) + agreement_bytes
   if not axis_names(axis_name):
@@ -455,7 +455,7 @@ def bucket_exchange_steps(
   structs = [compressor.payload_struct(n) for n in sizes]
   parts = layout_lib.payload_parts(payload, structs)
   wires = [core.tree_nbytes(st) + a for st, a in zip(structs, agreement_bytes)]
-  own = None
+  own = [None] * len(xs)
   if need_own:
     # Each tensor's own decode stays a per-tensor decode of its part: the residual x − own fuses
     # with it, and XLA:CPU contracts that product and difference into a fused multiply-add where
@@ -467,7 +467,6 @@ def bucket_exchange_steps(
   else:
     gathered = yield core.Message("gather", payload)
     means = [m.reshape(s) for m, s in zip(compressor.aggregate_bucket(gathered, layout), shapes)]
-  own = own if need_own else [None] * len(xs)
   return [core.Exchanged(m, o, p, w, None, {}) for m, o, p, w in zip(means, own, parts, wires)]
 
 

@@ -66,11 +66,7 @@ def _encode(flat: jax.Array) -> jax.Array:
   n = flat.shape[0]
   length = ceil_div(n, 5)
   shifted = (flat.astype(jnp.int8) + 1).astype(jnp.uint8)
-  p = partitions(shifted, 5, length)  # steps 4-5: five contiguous partitions, zero-padded
-  out = p[0] * jnp.uint8(81)
-  for k in range(1, 5):
-    out = out + p[k] * jnp.uint8(WEIGHTS[k])
-  return out
+  return pack_digits(partitions(shifted, 5, length))  # steps 4-5: five contiguous partitions, zero-padded
 
 
 def digit(b: jax.Array, k: int) -> jax.Array:
@@ -98,7 +94,7 @@ def _decode(b: jax.Array, n: int) -> jax.Array:
 def pack_digits(digits: jax.Array) -> jax.Array:
   """Step 5 on digits already shifted and cut: ``digits[0]·81 + … + digits[4]`` (uint8, any trailing shape).
 
-  ``digits`` is ``uint8[5, ...]``, partition ``k`` in ``digits[k]`` (the
+  ``digits`` is ``uint8[5, ...]`` (or a list of five), partition ``k`` in ``digits[k]`` (the
   bucket layout of :mod:`jaxcomp.layout` holds a tensor's five partitions as
   its planes).
   """

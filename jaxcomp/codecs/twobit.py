@@ -58,17 +58,34 @@ def _pack(flat: jax.Array) -> jax.Array:
   n = flat.shape[0]
   m = ceil_div(n, 4)
   codes = (flat.astype(jnp.int8) + 1).astype(jnp.uint8)
-  c = partitions(codes, 4, m, _PAD_CODE)
-  return c[0] | (c[1] << 2) | (c[2] << 4) | (c[3] << 6)
+  return pack_planes(partitions(codes, 4, m, _PAD_CODE))
+
+
+def pack_planes(codes: Any) -> jax.Array:
+  """Bytes of the codes ``t + 1`` of the four planes: ``codes[k]`` (uint8, any shape) in bits ``2k .. 2k+1``.
+
+  ``codes`` is ``uint8[4, ...]`` or a list of four; plane ``k`` of a tensor is
+  its ``k``-th contiguous quarter (the bucket layout of :mod:`jaxcomp.layout`
+  holds them as its planes).
+  """
+  return codes[0] | (codes[1] << 2) | (codes[2] << 4) | (codes[3] << 6)
+
+
+def _plane(b: jax.Array, k: int) -> jax.Array:
+  return (b >> (2 * k)) & 3
+
+
+def unpack_planes(b: jax.Array) -> jax.Array:
+  """The inverse of :func:`pack_planes`: the codes ``t + 1`` of every byte's four planes, ``uint8[4, ...]``."""
+  return jnp.stack([_plane(b, k) for k in range(4)])
 
 
 def unpack_codes(b: jax.Array, n: int) -> jax.Array:
   """The codes ``t + 1`` ∈ {0, 1, 2} (uint8[n]) of a packed stream, unchecked.
 
-  Callers that scale the codes anyway (TernGrad's decoder) convert these
-  directly, saving a pass.
+  Callers that scale the codes anyway convert these directly, saving a pass.
   """
-  return join_parts(b, lambda x, k: (x >> (2 * k)) & 3, n, 4)
+  return join_parts(b, _plane, n, 4)
 
 
 # Sums of codes over workers, on the packed bytes. A byte's four codes (planes
@@ -85,13 +102,13 @@ def spread_lanes(b: jax.Array) -> jax.Array:
   return (w & 3) | ((w & 0xC) << 6) | ((w & 0x30) << 12) | ((w & 0xC0) << 18)
 
 
-def lane_codes(s: jax.Array, n: int) -> jax.Array:
-  """The first ``n`` lane values (int32) of summed :func:`spread_lanes` words, in element order.
+def lane_planes(s: jax.Array) -> jax.Array:
+  """The four planes' lane values (int32) of summed :func:`spread_lanes` words, ``int32[4, ...]``.
 
   For ``s = Σ_i spread_lanes(b_i)`` over at most :data:`LANE_WORKERS` packed
-  streams this equals ``Σ_i unpack_codes(b_i, n)`` (as int32), exactly.
+  streams this equals ``Σ_i unpack_planes(b_i)`` (as int32), exactly.
   """
-  return join_parts(s, lambda x, k: ((x >> (8 * k)) & 0xFF).astype(jnp.int32), n, 4)
+  return jnp.stack([((s >> (8 * k)) & 0xFF).astype(jnp.int32) for k in range(4)])
 
 
 @functools.partial(jax.jit, static_argnums=1)

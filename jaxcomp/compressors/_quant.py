@@ -5,8 +5,6 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxcomp.layout import materialize  # pylint: disable=unused-import  (moved there; kept for the quantizers)
-
 
 def max_abs(x: jax.Array, axis=None) -> jax.Array:
   """``max|x|`` (0 for an empty tensor)."""

@@ -49,7 +49,7 @@ import numpy as np
 
 from jaxcomp import rng
 from jaxcomp.codecs import sparse
-from jaxcomp.compressors._quant import materialize
+from jaxcomp.layout import materialize
 
 Capacity = Union[int, float]
 

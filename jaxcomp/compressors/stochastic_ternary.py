@@ -11,8 +11,8 @@ encoding for 1.6-bit quantization". Per tensor, on every worker:
    :mod:`jaxcomp.codecs.base243`), plus the float32 ``s``: ``ceil(n/5) + 4``
    bytes.
 
-The quantizer is TernGrad's own (:func:`jaxcomp.compressors.terngrad.ternarize`
-and :class:`~jaxcomp.compressors.terngrad.TernGrad`'s scale, inherited here,
+The quantizer is TernGrad's own (:meth:`~jaxcomp.compressors.terngrad.TernGrad.ternary_codes`
+and its scale, inherited here,
 with clipping fixed off); only the wire differs.
 
 Decisions (tested in ``tests/test_quantizers.py``):

@@ -87,37 +87,6 @@ def clip_by_sigma(x: jax.Array, c: Optional[float]) -> jax.Array:
   return jnp.clip(x, -bound, bound)
 
 
-def ternarize(x: jax.Array, scale: jax.Array, key: jax.Array, impl: rng.RngImpl = "hash",
-              bound: Optional[jax.Array] = None) -> jax.Array:
-  """Eq. 1 and 3: int8 codes ``sign(f(x))·b``, ``b_k ~ Bernoulli(|f(x_k)|/scale)``.
-
-  ``x`` is flat; ``f`` clips to ``[-bound, bound]`` (Eq. 21; no clipping when
-  ``bound`` is None), and ``max|f(x)| <= scale``. A zero ``scale`` gives zero
-  codes; an element with ``|f(x_k)| = scale`` is sent with probability 1.
-  Clipping never changes a sign, so the codes take ``sign(x)``.
-  """
-  mag = jnp.abs(x) if bound is None else jnp.minimum(jnp.abs(x), bound)
-  inv = jnp.where(scale > 0, 1.0 / jnp.where(scale > 0, scale, 1.0), 0.0)
-  keep = rng.bernoulli(key, mag * inv, impl)
-  return jnp.where(keep, jnp.where(x > 0, 1, -1), 0).astype(jnp.int8)
-
-
-def ternarize_stored(x: jax.Array, scale: jax.Array, key: jax.Array, impl: rng.RngImpl = "hash",
-                     bound: Optional[jax.Array] = None) -> jax.Array:
-  """:func:`ternarize` over ``x`` zero-padded to a multiple of 4 values, stored.
-
-  Returns ``4·ceil(n/4)`` codes; the first ``n`` are :func:`ternarize`'s own
-  (the hash draws by position) and a padded zero draws code 0. XLA:CPU
-  vectorises the hash loop only for such lengths: at other lengths,
-  ternarizing in place and packing straight from the loop is much slower
-  (docs/benchmarks.md). Storing the codes before packing
-  keeps the packers' loops apart from the hash loop. (TernGrad's encode at
-  lengths that are already a multiple of 4 does not store them.)
-  """
-  n = x.shape[0]
-  return _quant.materialize(ternarize(jnp.pad(x, (0, -n % 4)), scale, key, impl, bound=bound))
-
-
 @dataclasses.dataclass(frozen=True)
 class TernGrad(core.BucketCompressor):
   """TernGrad's per-tensor compressor (see the module docstring).
@@ -164,8 +133,7 @@ class TernGrad(core.BucketCompressor):
   def encode_bucket(self, xs, keys, agreed, layout):
     """Eq. 1, 3 over the bucket: ``sign(x)·b``, ``b ~ Bernoulli(min(|x|, bound)/s)``, packed 2-bit."""
     codes, scales = self.ternary_codes(xs, keys, agreed, layout)
-    packed = codes[0] | (codes[1] << 2) | (codes[2] << 4) | (codes[3] << 6)
-    return TernGradPayload(codes=layout.compact(packed), scale=scales)
+    return TernGradPayload(codes=layout.compact(twobit.pack_planes(codes)), scale=scales)
 
   def ternary_codes(self, xs, keys, agreed, layout) -> tuple[jax.Array, jax.Array]:
     """The codes ``t + 1`` of a bucket's tensors in ``layout`` (uint8; a padded zero draws 1) and their scalars.
@@ -190,7 +158,7 @@ class TernGrad(core.BucketCompressor):
     return jnp.where(keep, jnp.where(x > 0, 2, 0), 1).astype(jnp.uint8), scales  # t + 1
 
   def decode_columns(self, payload, layout):
-    codes = twobit_planes(layout.expand(payload.codes))  # t + 1
+    codes = twobit.unpack_planes(layout.expand(payload.codes))  # t + 1
     return (codes.astype(jnp.float32) - 1.0) * layout.per_chunk(payload.scale)
 
   def aggregate_columns(self, gathered, layout):
@@ -199,18 +167,13 @@ class TernGrad(core.BucketCompressor):
     workers = gathered.scale.shape[0]
     # The codes are summed on the packed bytes, LANE_WORKERS workers at a time
     # (integer sums: exact in any order). The plain form unpacks every worker:
-    # core.sum_leading(jax.vmap(lambda c: twobit_planes(layout.expand(c)))(gathered.codes)).
+    # core.sum_leading(jax.vmap(lambda c: twobit.unpack_planes(layout.expand(c)))(gathered.codes)).
     codes = 0
     for lo in range(0, workers, twobit.LANE_WORKERS):
       lanes = layout.expand(core.sum_leading(twobit.spread_lanes(gathered.codes[lo:lo + twobit.LANE_WORKERS])))
-      codes = codes + jnp.stack([((lanes >> (8 * k)) & 0xFF).astype(jnp.int32) for k in range(4)])
+      codes = codes + twobit.lane_planes(lanes)
     total = codes - workers  # int32: the sum of t over workers
     return total.astype(jnp.float32) * layout.per_chunk(gathered.scale[0] / workers)
-
-
-def twobit_planes(packed: jax.Array) -> jax.Array:
-  """The four planes of 2-bit codes ``t + 1`` of packed bytes: ``uint8[4, ...]`` (:mod:`jaxcomp.codecs.twobit`)."""
-  return jnp.stack([(packed >> (2 * k)) & 3 for k in range(4)])
 
 
 def terngrad(

@@ -77,7 +77,8 @@ from jaxcomp import transforms
 from jaxcomp.codecs import base243
 from jaxcomp.codecs import zerorun
 from jaxcomp.count import Count
-from jaxcomp.compressors._quant import materialize, max_abs, safe_reciprocal
+from jaxcomp.compressors._quant import max_abs, safe_reciprocal
+from jaxcomp.layout import materialize
 
 
 class ThreeLCPayload(NamedTuple):
