@@ -254,19 +254,16 @@ def _collect_orbax_leftovers(timeout: float = 5.0) -> None:
   spec. Here the reads are waited for (``timeout`` seconds at most) and
   collected at once, and those reports dropped; the failure itself is
   reported in one line.
+
+  TensorStore's own threads can still finish an abandoned read after every
+  coroutine is gone, and hand its result to the closed loop, seconds later:
+  so the unraisable-exception filter stays installed for the rest of the
+  process (``_drop_closed_loop_reports``). It drops only those two reports.
   """
-  previous = sys.unraisablehook
-
-  def hook(unraisable):
-    if not (_is_orbax_coroutine(unraisable.object) or
-            (isinstance(unraisable.exc_value, RuntimeError)
-             and str(unraisable.exc_value) == "Event loop is closed")):
-      previous(unraisable)
-
+  _drop_closed_loop_reports()
   never_retrieved = pylogging.Filter()
   never_retrieved.filter = lambda record: "exception was never retrieved" not in record.getMessage()
   asyncio_log = pylogging.getLogger("asyncio")
-  sys.unraisablehook = hook
   asyncio_log.addFilter(never_retrieved)
   try:
     deadline = time.monotonic() + timeout
@@ -278,7 +275,28 @@ def _collect_orbax_leftovers(timeout: float = 5.0) -> None:
       time.sleep(0.02)
   finally:
     asyncio_log.removeFilter(never_retrieved)
-    sys.unraisablehook = previous
+
+
+def _drop_closed_loop_reports() -> None:
+  """Installs (once) an unraisable hook that drops an abandoned orbax read's reports.
+
+  Dropped: an orbax coroutine destroyed unfinished, and a ``RuntimeError("Event
+  loop is closed")``, which is what a read finishing after orbax closed its
+  loop raises from ``call_soon_threadsafe``. Everything else goes to the
+  hook installed before (Python's, or pytest's).
+  """
+  if getattr(sys.unraisablehook, "_jaxcomp_drops_closed_loop", False):
+    return
+  previous = sys.unraisablehook
+
+  def hook(unraisable):
+    if not (_is_orbax_coroutine(unraisable.object) or
+            (isinstance(unraisable.exc_value, RuntimeError)
+             and str(unraisable.exc_value) == "Event loop is closed")):
+      previous(unraisable)
+
+  hook._jaxcomp_drops_closed_loop = True  # pylint: disable=protected-access
+  sys.unraisablehook = hook
 
 
 def _is_orbax_coroutine(obj) -> bool:
