@@ -124,7 +124,7 @@ def run(steps: Sequence[Any], sizes: Sequence[int], bucket_bytes: int, axis_name
     The exchanges' results, in the order of ``steps``.
   """
   fuse = bucket_bytes > 0 and any(
-      parallel._is_device_axis(n) for n in parallel.axis_names(axis_name))  # pylint: disable=protected-access
+      parallel.is_device_axis(n) for n in parallel.axis_names(axis_name))
   if not fuse:
     return [parallel.run(s, axis_name) for s in steps]
   bucket_of = {i: b for b, group in enumerate(assign(sizes, bucket_bytes)) for i in group}
@@ -145,10 +145,9 @@ def _lockstep(steps: Sequence[Any], bucket_of: dict[int, int], axis_name: parall
   pending = {}
 
   def advance(i, reply):
-    try:
-      pending[i] = steps[i].send(reply)
-    except StopIteration as done:
-      results[i] = done.value
+    message, results[i] = parallel.advance(steps[i], reply)
+    if message is not None:
+      pending[i] = message
 
   for i, s in enumerate(steps):
     if inspect.isgenerator(s):

@@ -97,7 +97,7 @@ def checked_axes(axis_name: AxisName) -> frozenset:
   (``check_vma=True``, ``shard_map``'s default): ``lax.axis_index`` varies over
   such an axis, and over nothing else.
   """
-  names = [n for n in axis_names(axis_name) if _is_device_axis(n)]
+  names = [n for n in axis_names(axis_name) if is_device_axis(n)]
   return frozenset(n for n in names if n in varying_axes(lax.axis_index(n)))
 
 
@@ -185,7 +185,7 @@ def all_gather(tree: Any, axis_name: AxisName) -> Any:
       # ("invarying"), so that shard_map's replication check accepts the mean.
       to = "invarying" if n in manual else "varying"
       one = lambda piece, n=n, to=to: lax.all_gather(piece, n, to=to)
-      a = in_pieces(one, a, a.nbytes) if _is_device_axis(n) else one(a)
+      a = in_pieces(one, a, a.nbytes) if is_device_axis(n) else one(a)
     return a.reshape((-1,) + shape)
 
   return jax.tree.map(gather, tree)
@@ -210,7 +210,7 @@ def all_to_all(tree: Any, axis_name: AxisName) -> Any:
     rest = a.shape[1:]
     a = a.reshape(sizes + (-1,))
     for i, n in enumerate(names):
-      if _is_device_axis(n):
+      if is_device_axis(n):
         one = lambda piece, i=i, n=n: lax.all_to_all(piece, n, split_axis=i, concat_axis=i, tiled=True)
         a = in_pieces(one, a, a.nbytes // sizes[i])
       else:
@@ -271,9 +271,12 @@ def _max_leading(x: jax.Array) -> jax.Array:
   return x[0]
 
 
-def _is_device_axis(name: str) -> bool:
-  # shard_map and (in JAX 0.10) pmap axes are manual mesh axes; anything else
-  # bound here is a vmap axis of simulated workers.
+def is_device_axis(name: str) -> bool:
+  """Whether worker axis ``name`` spans devices (a collective crosses a wire) or ``vmap``'s workers.
+
+  ``shard_map`` and (in JAX 0.10) ``pmap`` axes are manual mesh axes; any
+  other axis bound here is a ``vmap`` axis of simulated workers.
+  """
   return name in set(getattr(jax.sharding.get_abstract_mesh(), "axis_names", ()))
 
 
@@ -285,7 +288,7 @@ def _reduce(kind: str, tree: Any, axis_name: AxisName) -> Any:
   # lax.psum's vmap rule becomes a slow major-axis reduce on XLA:CPU.
   collective = {"sum": lax.psum, "mean": lax.pmean, "max": lax.pmax}[kind]
   for n in reversed(axis_names(axis_name)):
-    if _is_device_axis(n):
+    if is_device_axis(n):
       def device(a, n=n):
         if kind != "max" and a.dtype == jnp.bfloat16 and jax.default_backend() == "cpu":
           total = _bfloat16_sum_on_cpu(a, n)
@@ -378,13 +381,18 @@ def run(steps: Any, axis_name: AxisName) -> Any:
   """
   if not inspect.isgenerator(steps):
     return steps
-  reply = None
-  while True:
-    try:
-      message = steps.send(reply)
-    except StopIteration as done:
-      return done.value
-    reply = deliver(message, axis_name)
+  message, result = advance(steps, None)
+  while message is not None:
+    message, result = advance(steps, deliver(message, axis_name))
+  return result
+
+
+def advance(steps: Any, reply: Any) -> tuple[Optional[core.Message], Any]:
+  """Hands ``reply`` to exchange ``steps``: ``(its next message, None)``, or ``(None, its result)`` at the end."""
+  try:
+    return steps.send(reply), None
+  except StopIteration as done:
+    return None, done.value
 
 
 def exchange_steps(
