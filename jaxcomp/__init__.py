@@ -41,7 +41,7 @@ from jaxcomp.compressors.onebit_adam import OneBitAdamSign, onebit_adam
 from jaxcomp.compressors.threshold import Threshold, threshold
 from jaxcomp.compressors.adaptive import Adaptive, adaptive
 from jaxcomp.compressors.signum import Signum, signum
-from jaxcomp.compressors.dgc import DGC, dgc
+from jaxcomp.compressors.dgc import DGC, dgc, dgc_warmup_schedule
 from jaxcomp.compressors.half import Half, half
 from jaxcomp.compressors.randomk import RandomK, randomk
 from jaxcomp.compressors.natural import Natural, natural
@@ -79,6 +79,7 @@ __all__ = [
     "adaptive",
     "signum",
     "dgc",
+    "dgc_warmup_schedule",
     "half",
     "randomk",
     "natural",

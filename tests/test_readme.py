@@ -65,6 +65,11 @@ def test_readme_python_blocks_run_as_one_program(tmp_path):
   # DiLoCo with H = 4: the float32 pseudo-gradient on the 4th and 8th steps, nothing between.
   m = re.search(r"diloco: bytes on the wire per step \[([\d, ]+)\]", out.stdout)
   assert m and [int(v) for v in m[1].split(",")] == [0, 0, 0, f32] * 2, out.stdout
+  # Top-k's fraction on a schedule: 128 then 32 of 256 entries sent, in a payload of 128 slots.
+  m = re.search(r"topk schedule: encoded bytes \[([\d, ]+)\], bytes on the wire \[([\d, ]+)\]", out.stdout)
+  assert m, out.stdout
+  assert [int(v) for v in m[1].split(",")] == [8 * 128] * 2 + [8 * 32] * 2, out.stdout
+  assert [int(v) for v in m[2].split(",")] == [8 * 128] * 4, out.stdout
 
 
 def test_readme_nnx_and_wrapper_blocks_run(tmp_path):

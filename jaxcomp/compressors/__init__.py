@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 import optax
 
+from jaxcomp import hyperparams
 from jaxcomp import transforms
 from jaxcomp.compressors.terngrad import TernGrad, terngrad
 from jaxcomp.compressors.qsgd import QSGD, qsgd
@@ -38,6 +39,7 @@ from jaxcomp.compressors.randomk import RandomK, randomk
 from jaxcomp.compressors.natural import Natural, natural
 
 
+@hyperparams.factory()
 def _uncompressed(**kwargs: Any) -> optax.GradientTransformationExtraArgs:
   """The float baseline ``"none"``: ``jaxcomp.compress(None, **kwargs)``, every tensor averaged in float."""
   return transforms.compress(None, **kwargs)

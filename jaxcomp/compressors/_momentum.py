@@ -52,6 +52,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxcomp import core
+from jaxcomp import hyperparams
 from jaxcomp import transforms
 
 
@@ -64,14 +65,15 @@ class WorkerMomentumState(NamedTuple):
 
 def check_momentum(value: Any, name: str) -> None:
   """Raises ``ValueError`` naming ``name`` unless ``0 <= value < 1``."""
-  if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= float(value) < 1.0:
-    raise ValueError(f"{name} must be a number in [0, 1); got {value!r}.")
+  hyperparams.check_number(value, name, lambda v: 0.0 <= v < 1.0, "a number in [0, 1)")
 
 
 def accumulate(u: jax.Array, g: jax.Array, momentum: float, dampening: float) -> jax.Array:
   """``momentum·u + dampening·g`` in float32 (Signum: ``β, 1 − β``; DGC: ``m, 1``)."""
   g = g.astype(jnp.float32)
-  return jnp.float32(momentum) * u + (g if dampening == 1.0 else jnp.float32(dampening) * g)
+  if not hyperparams.is_traced(dampening) and dampening == 1.0:
+    return jnp.asarray(momentum, jnp.float32) * u + g
+  return jnp.asarray(momentum, jnp.float32) * u + jnp.asarray(dampening, jnp.float32) * g
 
 
 def sent_mask(x: jax.Array, new_residual: jax.Array) -> jax.Array:

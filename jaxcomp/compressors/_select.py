@@ -40,13 +40,14 @@ The view is a plain C-order reshape, so flat index ``i`` of the tensor is row
 from __future__ import annotations
 
 import math
-from typing import NamedTuple, Optional, Sequence, Union
+from typing import Any, NamedTuple, Optional, Sequence, Union
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 import numpy as np
 
+from jaxcomp import hyperparams
 from jaxcomp import rng
 from jaxcomp.codecs import sparse
 from jaxcomp.layout import materialize
@@ -83,9 +84,29 @@ def capacity_count(capacity: Capacity, n: int) -> int:
 
 
 def check_fraction(value: float, name: str) -> None:
-  """Raises unless ``value`` is in ``(0, 1]``."""
-  if not 0.0 < value <= 1.0:
-    raise ValueError(f"{name} must be in (0, 1]; got {value}.")
+  """Raises unless ``value`` is in ``(0, 1]`` (a traced scalar passes: :func:`jaxcomp.hyperparams.check_number`)."""
+  hyperparams.check_number(value, name, lambda v: 0.0 < v <= 1.0, "in (0, 1]")
+
+
+def check_scheduled_fraction(fraction: Any, capacity: Optional[Capacity], name: str = "fraction") -> None:
+  """Raises unless a traced ``fraction`` (injected, or on a schedule) comes with a static ``capacity``.
+
+  Without a capacity the payload holds ``ceil(fraction·n)`` values, a shape;
+  with one it keeps the capacity's size and the fraction sets how many of its
+  slots are filled.
+  """
+  if hyperparams.is_traced(fraction) and capacity is None:
+    raise TypeError(
+        f"A traced {name} (optax.inject_hyperparams, or a schedule) needs a static `capacity`: without one "
+        f"the payload holds ceil({name}·n) values, a shape. Give capacity= the largest {name} of the "
+        f"schedule (the payload keeps that size), or name {name!r} in static_args.")
+
+
+def scheduled_count(fraction: Any, n: int) -> Any:
+  """``min(n, ceil(fraction·n))``: a Python int for a Python ``fraction``, int32 (computed in float32) for a traced one."""
+  if hyperparams.is_traced(fraction):
+    return jnp.minimum(jnp.ceil(jnp.asarray(fraction, jnp.float32) * n), n).astype(jnp.int32)
+  return min(n, math.ceil(fraction * n))
 
 
 def check_capacity(capacity: Capacity, name: str = "capacity") -> None:

@@ -84,6 +84,7 @@ from jax import lax
 import optax
 
 from jaxcomp import core
+from jaxcomp import hyperparams
 from jaxcomp import rng
 from jaxcomp import transforms
 from jaxcomp.codecs import sparse
@@ -194,6 +195,7 @@ class Adaptive(core.Compressor):
     return 12 * payload.means.shape[1] + 4 * jnp.sum(used, dtype=jnp.int32)
 
 
+@hyperparams.factory(proportion="the word slots per column and the selection's rank bound", sample="the size of the sample (a shape)", capacity="the number of word slots on the wire")
 def adaptive(
     proportion: float = 1 / 64,
     sample: Optional[int] = 128,

@@ -34,7 +34,11 @@ correction of §3.2, as in the appendix's DGC for momentum SGD):
    0.001). The payload's shape depends on the density, so each stage is a
    branch of a ``lax.switch`` on the step counter (identical on every
    worker) with its own collective; ``bytes_on_wire`` counts the bytes of
-   the branch taken, exactly (:class:`jaxcomp.Count`).
+   the branch taken, exactly (:class:`jaxcomp.Count`). Alternatively the
+   warm-up is an optax schedule of the density (:func:`dgc_warmup_schedule`,
+   through ``optax.inject_hyperparams``) within a fixed ``capacity``: one
+   payload of the capacity's size at every step, ``encoded_bytes`` counting
+   the entries sent.
 
 **Where the learning rate and the momentum live.** The momentum correction
 *replaces* the optimizer's momentum (the paper's SGD step is
@@ -90,10 +94,12 @@ from typing import Any, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax import lax
 
 from jaxcomp import core
+from jaxcomp import hyperparams
 from jaxcomp import parallel
 from jaxcomp import rng
 from jaxcomp import transforms
@@ -140,6 +146,8 @@ class DGC(core.Compressor):
     warmup_densities: the density of each warm-up stage.
     sample: values sampled to find the threshold (``None``: exact).
     rng: uniform generator for the sample.
+    capacity: value slots on the wire, a fraction of ``n`` or a count
+      (``None``: ``ceil(density·n)``); needed for a traced ``density``.
   """
 
   density: float = 0.001
@@ -147,13 +155,20 @@ class DGC(core.Compressor):
   warmup_densities: tuple[float, ...] = WARMUP_DENSITIES
   sample: Optional[int] = 4096
   rng: rng.RngImpl = "hash"
+  capacity: Optional[_select.Capacity] = None
 
   error_feedback = True
   metric_keys = ("overflow",)
 
   def __post_init__(self):
     _select.check_fraction(self.density, "density")
+    _select.check_scheduled_fraction(self.density, self.capacity, "density")
+    if self.capacity is not None:
+      _select.check_capacity(self.capacity)
     _check_warmup(self.warmup_steps, self.warmup_densities)
+    if hyperparams.is_traced(self.density) and self.warmup_steps:
+      raise ValueError("A traced density is the warm-up itself: give warmup_steps=0 and the density as a "
+                       "schedule (jaxcomp.dgc_warmup_schedule).")
     _select.check_sample(self.sample)
     rng.check_impl(self.rng)
 
@@ -180,8 +195,8 @@ class DGC(core.Compressor):
     return self.densities[sum(step >= s for s in self.stage_starts)]
 
   def selector(self, density: float) -> TopK:
-    """The top-k compressor of one stage: index wire, slots ``ceil(density·n)``."""
-    return TopK(fraction=density, wire="index", sample=self.sample, rng=self.rng)
+    """The top-k compressor of one stage: index wire, slots ``capacity`` or ``ceil(density·n)``."""
+    return TopK(fraction=density, wire="index", sample=self.sample, rng=self.rng, capacity=self.capacity)
 
   # -- after the warm-up (or without one): the final stage's top-k --------------
 
@@ -203,6 +218,10 @@ class DGC(core.Compressor):
 
   def aggregate(self, gathered, shape):
     return self.selector(self.density).aggregate(gathered, shape)
+
+  def encoded_bytes(self, payload, shape):
+    """With a traced density, 8 bytes per filled slot (:meth:`jaxcomp.TopK.encoded_bytes`); else ``None``."""
+    return self.selector(self.density).encoded_bytes(payload, shape)
 
   # -- the warm-up: one branch per stage ------------------------------------------
 
@@ -240,13 +259,53 @@ def clip_locally(grads: Any, clip_norm: float, axis_name: parallel.AxisName) -> 
 
   Float32 out; ``N`` is the number of workers on ``axis_name``.
   """
-  limit = float(clip_norm) / math.sqrt(parallel.axis_size(axis_name))
+  limit = clip_norm / math.sqrt(parallel.axis_size(axis_name))  # a Python float, or a traced one
   leaves = [g.astype(jnp.float32) for g in jax.tree.leaves(grads)]
   norm = jnp.sqrt(sum(jnp.sum(g * g) for g in leaves) + jnp.float32(0.0))
-  scale = jnp.where(norm > limit, jnp.float32(limit) / norm, jnp.float32(1.0))
+  scale = jnp.where(norm > limit, jnp.asarray(limit, jnp.float32) / norm, jnp.float32(1.0))
   return jax.tree.map(lambda g: g.astype(jnp.float32) * scale, grads)
 
 
+def dgc_warmup_schedule(
+    warmup_steps: int,
+    density: float = 0.001,
+    warmup_densities: Sequence[float] = WARMUP_DENSITIES,
+) -> optax.Schedule:
+  """DGC's exponential warm-up of the sparsity (§3.3) as an optax schedule of the density.
+
+  The density falls exponentially over ``warmup_steps`` (the paper: four
+  epochs), one stage per equal part, 25%, 6.25%, 1.5625%, 0.390625% (sparsity
+  75%, 93.75%, 98.4375%, 99.6%), then stays at ``density`` (0.1%): the stages
+  of ``DGC(warmup_steps=...)``, as a value to inject into :func:`dgc`::
+
+    tx = optax.inject_hyperparams(jaxcomp.dgc, static_args=jaxcomp.dgc.static_args)(
+        density=jaxcomp.dgc_warmup_schedule(4 * steps_per_epoch), capacity=0.25, axis_name="workers")
+
+  With the schedule the payload keeps the capacity's size at every step
+  (``bytes_on_wire``: 8 bytes per slot) and ``encoded_bytes`` counts the
+  entries sent; ``dgc(warmup_steps=...)`` instead gives every stage a payload
+  of its own size, so ``bytes_on_wire`` itself falls.
+
+  Args:
+    warmup_steps: steps of the warm-up, split into ``len(warmup_densities)``
+      equal stages (an int ``>= 0``).
+    density: the density after the warm-up.
+    warmup_densities: the density of each stage.
+
+  Returns:
+    An ``optax.Schedule``: step count -> float32 density.
+  """
+  stages = DGC(density=density, warmup_steps=warmup_steps, warmup_densities=tuple(warmup_densities))
+  densities = np.asarray(stages.densities, np.float32)
+
+  def schedule(count):
+    return jnp.asarray(densities)[stages.stage(count)]
+
+  return schedule
+
+
+@hyperparams.factory(warmup_steps="the stages of the warm-up (one payload shape each; schedule the density instead)",
+                    sample="the size of the sample (a shape)", capacity="the number of value slots on the wire")
 def dgc(
     density: float = 0.001,
     *,
@@ -257,6 +316,7 @@ def dgc(
     masking: bool = True,
     sample: Optional[int] = 4096,
     rng: rng.RngImpl = "hash",
+    capacity: Optional[_select.Capacity] = None,
     **kwargs: Any,
 ) -> optax.GradientTransformationExtraArgs:
   """Deep Gradient Compression as an optax transform (follow it with plain SGD).
@@ -284,6 +344,13 @@ def dgc(
     sample: values sampled to estimate the threshold (§3.1); ``None`` finds
       the exact quantile.
     rng: uniform generator for the sample, ``"hash"`` or ``"threefry"``.
+    capacity: value slots on the wire per tensor, a fraction of its size or
+      a count; ``None``: ``ceil(density·n)``. Needed (static) when the
+      density is injected or on a schedule (``optax.inject_hyperparams``,
+      e.g. :func:`dgc_warmup_schedule` with ``capacity=0.25``, its largest
+      density): the payload keeps the capacity's size, the density sets how
+      many entries are sent, and ``encoded_bytes`` counts 8 bytes per sent
+      entry.
     **kwargs: passed to :func:`jaxcomp.compress` (``axis_name``, ``skip``,
       ``min_size``, ``seed``, ``nonfinite``; ``error_feedback`` is on and must
       stay on: it carries ``v``).
@@ -296,18 +363,17 @@ def dgc(
     ValueError: for an argument out of range (named in the message).
   """
   _momentum.check_momentum(momentum, "momentum")
-  if clip_norm is not None and (isinstance(clip_norm, bool) or not isinstance(clip_norm, (int, float))
-                                or not clip_norm > 0):
-    raise ValueError(f"clip_norm must be None or a number > 0; got {clip_norm!r}.")
+  if clip_norm is not None:
+    hyperparams.check_number(clip_norm, "clip_norm", lambda c: c > 0, "None or a number > 0")
   if kwargs.get("error_feedback", True) is False:
     raise ValueError("dgc needs error_feedback: the residual is DGC's accumulated velocity v (§3.2).")
   if kwargs.get("exchange", "all_gather") != "all_gather":
     raise ValueError(f"dgc supports exchange='all_gather' only (momentum factor masking reads the "
                      f"all-gather's residual); got exchange={kwargs['exchange']!r}.")
   compressor = DGC(density=density, warmup_steps=warmup_steps, warmup_densities=tuple(warmup_densities),
-                   sample=sample, rng=rng)
+                   sample=sample, rng=rng, capacity=capacity)
   axis_name = kwargs.get("axis_name")
   prepare = None if clip_norm is None else (lambda grads: clip_locally(grads, clip_norm, axis_name))
   return _momentum.with_worker_momentum(
-      transforms.compress(compressor, **kwargs), momentum=float(momentum), dampening=1.0,
+      transforms.compress(compressor, **kwargs), momentum=momentum, dampening=1.0,
       masking=masking, prepare=prepare)

@@ -60,6 +60,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxcomp import core
+from jaxcomp import hyperparams
 from jaxcomp import parallel
 from jaxcomp.compressors import local_steps as local_steps_lib
 
@@ -91,6 +92,7 @@ def local_params(opt_state: Any, params: Any) -> Any:
   return jax.tree.map(lambda p, o: (p + o).astype(p.dtype), params, states[0].offset.residual)
 
 
+@hyperparams.factory(inner_steps="the inner steps per outer step, which the step's control flow is built from")
 def diloco(
     inner: optax.GradientTransformation,
     inner_steps: int = 500,
@@ -132,8 +134,12 @@ def diloco(
   if isinstance(inner_steps, bool) or not isinstance(inner_steps, int) or inner_steps < 1:
     raise ValueError(f"inner_steps must be an int >= 1; got {inner_steps!r}.")
   if outer is None:
-    outer = optax.sgd(outer_learning_rate, momentum=outer_momentum or None, nesterov=bool(outer_momentum))
-  elif outer_learning_rate != 0.7 or outer_momentum != 0.9:
+    if hyperparams.is_traced(outer_momentum):  # injected: Nesterov's trace is kept even at 0, where it is plain SGD
+      outer = optax.sgd(outer_learning_rate, momentum=outer_momentum, nesterov=True)
+    else:
+      outer = optax.sgd(outer_learning_rate, momentum=outer_momentum or None, nesterov=bool(outer_momentum))
+  elif not (hyperparams.is_traced(outer_learning_rate) or hyperparams.is_traced(outer_momentum)) and (
+      outer_learning_rate != 0.7 or outer_momentum != 0.9):
     raise TypeError("outer_learning_rate and outer_momentum set the default outer optimizer; "
                     "pass them or `outer`, not both.")
   ex = local_steps_lib.make_exchange(exchange, axis_name, exchange_kwargs, "diloco", "the pseudo-gradients")

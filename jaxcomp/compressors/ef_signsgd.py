@@ -37,6 +37,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxcomp import core
+from jaxcomp import hyperparams
 from jaxcomp import transforms
 from jaxcomp.compressors.signsgd import sign_bits, unpack_signs
 
@@ -62,6 +63,7 @@ class EFSignSGD(core.Compressor):
     return (signs.astype(jnp.float32) * payload.scale).reshape(shape)
 
 
+@hyperparams.factory()
 def ef_signsgd(**kwargs: Any) -> optax.GradientTransformationExtraArgs:
   """EF-SignSGD as an optax transform.
 

@@ -71,6 +71,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxcomp import core
+from jaxcomp import hyperparams
 from jaxcomp import parallel
 from jaxcomp import transforms
 from jaxcomp import two_phase
@@ -119,6 +120,7 @@ class Half(core.Compressor):
                           wire_bytes=core.tree_nbytes(payload), state=state)
 
 
+@hyperparams.factory()
 def half(dtype: str = "bfloat16", **kwargs: Any) -> optax.GradientTransformationExtraArgs:
   """Half-precision all-reduce (after PyTorch DDP's fp16/bf16 compress hooks) as an optax transform.
 

@@ -34,6 +34,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxcomp import core
+from jaxcomp import hyperparams
 from jaxcomp import transforms
 from jaxcomp.compressors._quant import max_abs, safe_reciprocal
 
@@ -67,6 +68,7 @@ class Int8(core.BucketCompressor):
     return (layout.expand(payload.codes).astype(jnp.float32) * layout.per_chunk(payload.scale))[None]
 
 
+@hyperparams.factory()
 def int8(**kwargs: Any) -> optax.GradientTransformationExtraArgs:
   """The 3LC §4.2 "8-bit int" baseline as an optax transform.
 

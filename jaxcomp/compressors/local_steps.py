@@ -57,6 +57,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxcomp import core
+from jaxcomp import hyperparams
 from jaxcomp import parallel
 from jaxcomp import transforms
 from jaxcomp import two_phase
@@ -153,6 +154,7 @@ def make_exchange(exchange: Union[None, str, optax.GradientTransformation], axis
   return optax.with_extra_args_support(ex)
 
 
+@hyperparams.factory(k="the local steps per exchange, which the step's control flow is built from")
 def local_steps(
     optimizer: optax.GradientTransformation,
     k: int = 2,

@@ -67,6 +67,7 @@ from jax import lax
 import optax
 
 from jaxcomp import core
+from jaxcomp import hyperparams
 from jaxcomp import rng
 from jaxcomp import transforms
 from jaxcomp.compressors import _quant
@@ -150,6 +151,7 @@ class Natural(core.Compressor):
     return values.reshape(shape)
 
 
+@hyperparams.factory()
 def natural(*, rng: rng.RngImpl = "hash", **kwargs: Any) -> optax.GradientTransformationExtraArgs:
   """Natural compression (Horváth et al., arXiv:1905.10988) as an optax transform.
 

@@ -62,6 +62,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxcomp import core
+from jaxcomp import hyperparams
 from jaxcomp import rng
 from jaxcomp import transforms
 from jaxcomp.codecs import bits
@@ -142,6 +143,7 @@ class OneBit(core.Compressor):
     return total / workers
 
 
+@hyperparams.factory(sample="the size of the sample (a shape)")
 def onebit(sample: Optional[int] = None, *, rng: rng.RngImpl = "hash", **kwargs: Any) -> optax.GradientTransformationExtraArgs:
   """1-bit SGD (Seide et al. 2014; Dryden et al. §3.1) as an optax transform.
 

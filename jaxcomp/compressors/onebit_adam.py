@@ -118,6 +118,7 @@ import numpy as np
 import optax
 
 from jaxcomp import core
+from jaxcomp import hyperparams
 from jaxcomp import parallel
 from jaxcomp import transforms
 from jaxcomp import two_phase
@@ -180,11 +181,12 @@ def _traced(state: Any) -> Any:
 
 def _check(b1, b2, eps, freeze_step) -> None:
   for name, b in (("b1", b1), ("b2", b2)):
-    if isinstance(b, bool) or not isinstance(b, (int, float, np.floating)) or not 0.0 <= float(b) < 1.0:
-      raise ValueError(f"{name} must be a float in [0, 1); got {b!r}.")
-  if isinstance(eps, bool) or not isinstance(eps, (int, float, np.floating)) or not float(eps) > 0.0:
-    raise ValueError(f"eps must be a float > 0 (the update divides by sqrt(v) + eps); got {eps!r}.")
-  if isinstance(freeze_step, bool) or not isinstance(freeze_step, (int, np.integer)) or freeze_step < 1:
+    hyperparams.check_number(b, name, lambda v: 0.0 <= v < 1.0, "a float in [0, 1)")
+  hyperparams.check_number(eps, "eps", lambda v: v > 0.0, "a float > 0 (the update divides by sqrt(v) + eps)")
+  if hyperparams.is_traced(freeze_step):  # injected: an integer scalar, compared with the step counter
+    if not jnp.issubdtype(freeze_step.dtype, jnp.integer) or freeze_step.shape:
+      raise ValueError(f"freeze_step must be an int >= 1; got {freeze_step!r}.")
+  elif isinstance(freeze_step, bool) or not isinstance(freeze_step, (int, np.integer)) or freeze_step < 1:
     raise ValueError(
         f"freeze_step must be an int >= 1: the number of full-precision Adam steps that estimate the "
         f"variance before it is frozen (1-bit Adam, Algorithm 1); got {freeze_step!r}.")
@@ -285,6 +287,7 @@ def scale_by_onebit_adam(
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
+@hyperparams.factory()
 def onebit_adam(
     learning_rate: optax.ScalarOrSchedule,
     b1: float = 0.9,

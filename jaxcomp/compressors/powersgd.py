@@ -69,6 +69,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxcomp import core
+from jaxcomp import hyperparams
 from jaxcomp import parallel
 from jaxcomp import transforms
 from jaxcomp import two_phase
@@ -158,6 +159,7 @@ class PowerSGD(core.Compressor):
     return core.Exchanged(mean=approx, own=approx, payload=payload, wire_bytes=core.tree_nbytes(payload), state=new_state)
 
 
+@hyperparams.factory(rank="the shapes of the factors P and Q on the wire")
 def powersgd(rank: int = 1, *, warm_start: bool = True, **kwargs: Any) -> optax.GradientTransformationExtraArgs:
   """PowerSGD (Vogels et al. 2019) as an optax transform.
 

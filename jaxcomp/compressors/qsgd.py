@@ -70,6 +70,7 @@ import optax
 from jax import lax
 
 from jaxcomp import core
+from jaxcomp import hyperparams
 from jaxcomp import layout as layout_lib
 from jaxcomp import rng
 from jaxcomp import transforms
@@ -331,6 +332,8 @@ def _concat(parts: list, dtype) -> jax.Array:
   return parts[0] if len(parts) == 1 else jnp.concatenate(parts)
 
 
+@hyperparams.factory(levels="the bits per value on the wire", bucket_size="the number of norms on the wire",
+                    bits_per_value="the bits per value on the wire")
 def qsgd(
     levels: Optional[int] = None,
     bucket_size: Optional[int] = 512,

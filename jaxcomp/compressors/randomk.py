@@ -64,8 +64,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -73,6 +72,7 @@ from jax import lax
 import optax
 
 from jaxcomp import core
+from jaxcomp import hyperparams
 from jaxcomp import parallel
 from jaxcomp import transforms
 from jaxcomp import two_phase
@@ -142,18 +142,25 @@ class RandomK(core.Compressor):
     fraction: the proportion of entries sent, ``k = ceil(fraction·n)``.
     scale: multiply the sent values by ``n/k`` (unbiased; meant without error
       feedback).
+    capacity: values on the wire, a fraction of ``n`` or a count (``None``:
+      ``k``); needed for a traced ``fraction``, which then fills the first
+      ``k`` of the capacity's shared indices.
   """
 
   fraction: float = 0.01
   scale: bool = False
+  capacity: Optional[_select.Capacity] = None
 
   error_feedback = True
   custom_exchange = True
 
   def __post_init__(self):
-    if isinstance(self.fraction, bool) or not isinstance(self.fraction, (int, float)):
+    if not hyperparams.is_number(self.fraction):
       raise TypeError(f"fraction must be a float in (0, 1]; got {self.fraction!r}.")
     _select.check_fraction(self.fraction, "fraction")
+    _select.check_scheduled_fraction(self.fraction, self.capacity)
+    if self.capacity is not None:
+      _select.check_capacity(self.capacity)
     if not isinstance(self.scale, bool):
       raise TypeError(f"scale must be a bool; got {self.scale!r}.")
 
@@ -161,8 +168,18 @@ class RandomK(core.Compressor):
   def unbiased(self) -> bool:  # the class attribute, per instance: only the scaled version is
     return self.scale
 
-  def k(self, n: int) -> int:
-    return min(n, math.ceil(self.fraction * n))
+  def k(self, n: int) -> Any:
+    """``ceil(fraction·n)``, at most ``n``: an int, or int32 for a traced ``fraction``."""
+    return _select.scheduled_count(self.fraction, n)
+
+  def slots(self, n: int) -> int:
+    """Values on the wire (static): ``capacity``, or ``k``."""
+    return self.k(n) if self.capacity is None else _select.capacity_count(self.capacity, n)
+
+  def encoded_bytes(self, payload, shape):
+    """With a traced ``fraction``, ``4·k``: every worker knows ``k``, so an all-reduce of a variable count moves that."""
+    del payload
+    return 4 * self.k(core.size_of(shape)) if hyperparams.is_traced(self.fraction) else None
 
   def validate(self, shape, dtype):
     del dtype
@@ -175,10 +192,10 @@ class RandomK(core.Compressor):
     return key  # replicated on every worker: the shared indices of every step are drawn from it
 
   def indices(self, state: jax.Array, n: int) -> tuple[jax.Array, jax.Array]:
-    """``(S, next state)``: the step's ``k`` shared indices and the key of the next step."""
+    """``(S, next state)``: the step's shared indices (one a slot) and the key of the next step."""
     draw, next_key = jax.random.split(state)
     a, b = affine_map(draw, n)
-    return affine_indices(a, b, n, self.k(n)), next_key
+    return affine_indices(a, b, n, self.slots(n)), next_key
 
   def received_bytes(self, wire_bytes, workers):
     """Bytes one worker receives (jaxcomp.two_phase): an all-reduce, a ring's 2(N−1)/N of what it hands."""
@@ -189,7 +206,10 @@ class RandomK(core.Compressor):
     n = x.size
     self.validate(x.shape, x.dtype)
     idx, next_state = self.indices(state, n)
-    payload = RandomKPayload(values=x.reshape(-1)[idx].astype(jnp.float32))
+    values = x.reshape(-1)[idx].astype(jnp.float32)
+    if self.capacity is not None:  # the first k slots are filled, the rest hold 0 (their indices are distinct)
+      values = jnp.where(lax.iota(jnp.int32, idx.shape[0]) < self.k(n), values, 0.0)
+    payload = RandomKPayload(values=values)
     total = (yield core.Message("sum", payload.values)) if parallel.axis_names(axis_name) else payload.values
     factor = n / self.k(n) if self.scale else 1.0
     scatter = lambda v: jnp.zeros((n,), jnp.float32).at[idx].set(v * factor, unique_indices=True).reshape(x.shape)
@@ -198,7 +218,9 @@ class RandomK(core.Compressor):
                           wire_bytes=core.tree_nbytes(payload), state=next_state)
 
 
-def randomk(fraction: float = 0.01, *, scale: bool = False, **kwargs: Any) -> optax.GradientTransformationExtraArgs:
+@hyperparams.factory(capacity="the number of values on the wire")
+def randomk(fraction: float = 0.01, *, scale: bool = False, capacity: Optional[_select.Capacity] = None,
+            **kwargs: Any) -> optax.GradientTransformationExtraArgs:
   """Random-k sparsification with shared indices as an optax transform.
 
   Example::
@@ -213,10 +235,15 @@ def randomk(fraction: float = 0.01, *, scale: bool = False, **kwargs: Any) -> op
       ``min_size``, ``seed`` (also seeds the shared index draws),
       ``nonfinite``, ``error_feedback`` (default: on without ``scale``, off
       with it).
+    capacity: values on the wire per tensor, a fraction of its size or a
+      count; ``None``: ``k``. Needed (static) when ``fraction`` is injected
+      or on a schedule (``optax.inject_hyperparams``): the all-reduce keeps
+      the capacity's size (``bytes_on_wire``), the fraction fills the first
+      ``k`` slots, and ``encoded_bytes`` is ``4·k``.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``.
   """
   if scale and kwargs.get("error_feedback") is None:
     kwargs["error_feedback"] = False
-  return transforms.compress(RandomK(fraction=fraction, scale=scale), **kwargs)
+  return transforms.compress(RandomK(fraction=fraction, scale=scale, capacity=capacity), **kwargs)

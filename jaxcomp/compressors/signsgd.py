@@ -47,6 +47,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxcomp import core
+from jaxcomp import hyperparams
 from jaxcomp import transforms
 from jaxcomp import two_phase
 from jaxcomp.codecs import bits
@@ -97,6 +98,7 @@ class SignSGD(core.Compressor):
   shard_compressor = two_phase.Ternary()
 
 
+@hyperparams.factory()
 def signsgd(**kwargs: Any) -> optax.GradientTransformationExtraArgs:
   """signSGD with majority vote as an optax transform.
 

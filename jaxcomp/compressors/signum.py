@@ -47,6 +47,7 @@ from typing import Any
 
 import optax
 
+from jaxcomp import hyperparams
 from jaxcomp import transforms
 from jaxcomp.compressors import _momentum
 from jaxcomp.compressors.signsgd import SignSGD
@@ -61,6 +62,7 @@ class Signum(SignSGD):
   """
 
 
+@hyperparams.factory()
 def signum(beta: float = 0.9, **kwargs: Any) -> optax.GradientTransformationExtraArgs:
   """Signum with majority vote as an optax transform.
 
@@ -83,5 +85,5 @@ def signum(beta: float = 0.9, **kwargs: Any) -> optax.GradientTransformationExtr
   """
   _momentum.check_momentum(beta, "beta")
   return _momentum.with_worker_momentum(
-      transforms.compress(Signum(), **kwargs), momentum=float(beta), dampening=1.0 - float(beta),
+      transforms.compress(Signum(), **kwargs), momentum=beta, dampening=1.0 - beta,
       bypass=_momentum.exchange_skips(kwargs.get("skip"), kwargs.get("min_size", 0)))

@@ -44,6 +44,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxcomp import core
+from jaxcomp import hyperparams
 from jaxcomp import rng
 from jaxcomp import transforms
 from jaxcomp.codecs import base243
@@ -94,6 +95,7 @@ class StochasticTernary(TernGrad):
     return total.astype(jnp.float32) * layout.per_chunk(gathered.scale[0] / gathered.scale.shape[0])
 
 
+@hyperparams.factory()
 def stochastic_ternary(
     *, scalar_sharing: bool = False, rng: rng.RngImpl = "hash", **kwargs: Any
 ) -> optax.GradientTransformationExtraArgs:

@@ -44,6 +44,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxcomp import core
+from jaxcomp import hyperparams
 from jaxcomp import rng
 from jaxcomp import transforms
 from jaxcomp.codecs import twobit
@@ -110,8 +111,8 @@ class TernGrad(core.BucketCompressor):
   planes = 4  # the 2-bit packing's (jaxcomp.codecs.twobit)
 
   def __post_init__(self):
-    if self.clip_sigma is not None and not self.clip_sigma > 0:
-      raise ValueError(f"clip_sigma must be positive or None; got {self.clip_sigma}.")
+    if self.clip_sigma is not None:
+      hyperparams.check_number(self.clip_sigma, "clip_sigma", lambda c: c > 0, "positive or None")
     rng.check_impl(self.rng)
 
   def _bound_and_scale(self, flat: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -176,6 +177,7 @@ class TernGrad(core.BucketCompressor):
     return total.astype(jnp.float32) * layout.per_chunk(gathered.scale[0] / workers)
 
 
+@hyperparams.factory()
 def terngrad(
     clip_sigma: Optional[float] = 2.5,
     *,

@@ -72,6 +72,7 @@ import optax
 from jax import lax
 
 from jaxcomp import core
+from jaxcomp import hyperparams
 from jaxcomp import parallel
 from jaxcomp import transforms
 from jaxcomp.codecs import base243
@@ -94,7 +95,7 @@ class ThreeLCZeroRunPayload(NamedTuple):
 
 def quantize_3value(x: jax.Array, sparsity: float) -> tuple[jax.Array, jax.Array]:
   """§3.1: ``(round(x/m) as int8, m)`` with ``m = max|x| · sparsity``."""
-  m = max_abs(x) * jnp.float32(sparsity)
+  m = max_abs(x) * jnp.asarray(sparsity, jnp.float32)
   q = jnp.round(x.reshape(-1) * safe_reciprocal(m)).astype(jnp.int8)
   return materialize(q), m.astype(jnp.float32)
 
@@ -124,8 +125,7 @@ class ThreeLC(core.BucketCompressor):
   planes = 5  # base-3^5's partitions (jaxcomp.codecs.base243)
 
   def __post_init__(self):
-    if not 1.0 <= float(self.sparsity) < 2.0:
-      raise ValueError(f"sparsity must satisfy 1 <= s < 2 (3LC §3.1); got {self.sparsity}.")
+    hyperparams.check_number(self.sparsity, "sparsity", lambda s: 1.0 <= s < 2.0, "a number with 1 <= s < 2 (3LC §3.1)")
     if self.capacity is not None:
       if not self.zero_run:
         raise ValueError("capacity puts the zero-run stream on the wire; it needs zero_run=True.")
@@ -157,7 +157,7 @@ class ThreeLC(core.BucketCompressor):
   def encode_bucket(self, xs, keys, agreed, layout):
     """§3.1 and §3.2 over the bucket: ``round(x/m)`` of each tensor's ``m``, five values a byte."""
     del keys, agreed
-    scales = [(max_abs(x) * jnp.float32(self.sparsity)).astype(jnp.float32) for x in xs]
+    scales = [(max_abs(x) * jnp.asarray(self.sparsity, jnp.float32)).astype(jnp.float32) for x in xs]
     q = jnp.round(layout.join(xs) * layout.per_chunk([safe_reciprocal(m) for m in scales]))
     # Shifted to {0, 1, 2}; base-3^5 pads with the digit 0 (jaxcomp.codecs.base243, step 4).
     digits = jnp.where(layout.valid(), q.astype(jnp.int8) + 1, 0).astype(jnp.uint8)
@@ -247,6 +247,7 @@ class ThreeLC(core.BucketCompressor):
     return core.Exchanged(mean=mean, own=own, payload=payload, wire_bytes=wire, state=None, metrics=rounds)
 
 
+@hyperparams.factory(capacity="the size of the zero-run buffer on the wire")
 def threelc(
     sparsity: float = 1.0,
     *,

@@ -64,6 +64,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxcomp import core
+from jaxcomp import hyperparams
 from jaxcomp import transforms
 from jaxcomp.codecs import sparse
 from jaxcomp.compressors import _select
@@ -91,8 +92,7 @@ class Threshold(core.Compressor):
   metric_keys = ("overflow",)
 
   def __post_init__(self):
-    if not self.tau > 0:
-      raise ValueError(f"tau must be positive; got {self.tau}.")
+    hyperparams.check_number(self.tau, "tau", lambda t: t > 0, "positive")
     _select.check_capacity(self.capacity)
 
   def validate(self, shape, dtype):
@@ -127,6 +127,7 @@ class Threshold(core.Compressor):
     return 4 * count
 
 
+@hyperparams.factory(capacity="the number of word slots on the wire")
 def threshold(
     tau: float = 0.01,
     capacity: _select.Capacity = 1 / 32,

@@ -46,6 +46,10 @@ Decisions (tested in ``tests/test_column_compressors.py``):
 * Empty slots hold index 0 and value 0.0 (they add nothing when decoded), so
   no count travels; in the bitmap wire the bitmap marks exactly the sent
   entries.
+* A traced ``fraction`` (``optax.inject_hyperparams``, a schedule) needs a
+  static ``capacity``: the payload keeps its size, ``k`` is computed in
+  float32 at every step, and ``encoded_bytes`` counts the filled slots
+  (:meth:`TopK.encoded_bytes`); ``bytes_on_wire`` does not change.
 
 References:
   Lim, Andersen, Kaminsky. *3LC: Lightweight and Effective Traffic
@@ -57,7 +61,6 @@ References:
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any, Literal, NamedTuple, Optional
 
 import jax
@@ -66,6 +69,7 @@ from jax import lax
 import optax
 
 from jaxcomp import core
+from jaxcomp import hyperparams
 from jaxcomp import rng
 from jaxcomp import transforms
 from jaxcomp.compressors import _select
@@ -150,6 +154,7 @@ class TopK(core.Compressor):
 
   def __post_init__(self):
     _select.check_fraction(self.fraction, "fraction")
+    _select.check_scheduled_fraction(self.fraction, self.capacity)
     if self.wire not in ("bitmap", "index"):
       raise ValueError(f"wire must be 'bitmap' or 'index'; got {self.wire!r}.")
     _select.check_sample(self.sample)
@@ -158,8 +163,9 @@ class TopK(core.Compressor):
     rng.check_impl(self.rng)
 
 
-  def k(self, n: int) -> int:
-    return min(n, math.ceil(self.fraction * n))
+  def k(self, n: int) -> Any:
+    """``ceil(fraction·n)``, at most ``n``: an int, or int32 for a traced ``fraction``."""
+    return _select.scheduled_count(self.fraction, n)
 
   def slots(self, n: int) -> int:
     return self.k(n) if self.capacity is None else _select.capacity_count(self.capacity, n)
@@ -172,11 +178,10 @@ class TopK(core.Compressor):
     """The magnitude threshold ``t`` (see the module docstring)."""
     n = flat.shape[0]
     mag = jnp.abs(flat)[:, None]
-    if _select.uses_sample(self.sample, n):
-      pool, t = _select.sample_rows(mag, key, self.sample, self.rng), self.k(self.sample)
-    else:
-      pool, t = mag, self.k(n)
-    return _select.kth_largest(pool, jnp.ones(pool.shape, bool), jnp.full((1,), t, jnp.int32), t)[0]
+    pool = _select.sample_rows(mag, key, self.sample, self.rng) if _select.uses_sample(self.sample, n) else mag
+    t = self.k(pool.shape[0])
+    kmax = pool.shape[0] if hyperparams.is_traced(t) else t  # a traced rank: any rank of the pool
+    return _select.kth_largest(pool, jnp.ones(pool.shape, bool), jnp.full((1,), t, jnp.int32), kmax)[0]
 
   def encode_with_metrics(self, x, key, agreed):
     del agreed
@@ -209,6 +214,22 @@ class TopK(core.Compressor):
     idx = payload.indices.astype(jnp.int32)
     return jnp.zeros((n,), jnp.float32).at[idx].add(payload.values).reshape(shape)
 
+  def encoded_bytes(self, payload, shape):
+    """With a traced ``fraction``, the bytes of the filled slots only (a fixed capacity holds a variable count).
+
+    The payload keeps the capacity's size (``bytes_on_wire``); a wire with a
+    variable count would send the bitmap (or nothing) and 4 bytes of value
+    (and 4 of index) per selected entry: the slots with a nonzero value, as
+    zeros are never selected. With a Python ``fraction`` the payload is its
+    own encoding (``None``).
+    """
+    if not hyperparams.is_traced(self.fraction):
+      return None
+    filled = jnp.sum(payload.values != 0, dtype=jnp.int32)
+    if self.wire == "bitmap":
+      return payload.bitmap.shape[0] + 4 * filled
+    return 8 * filled
+
   def aggregate(self, gathered, shape):
     if self.wire == "bitmap":
       return super().aggregate(gathered, shape)
@@ -220,6 +241,7 @@ class TopK(core.Compressor):
     return (total / workers).reshape(shape)
 
 
+@hyperparams.factory(sample="the size of the sample (a shape)", capacity="the number of value slots on the wire")
 def topk(
     fraction: float = 0.05,
     wire: Wire = "bitmap",
@@ -243,7 +265,11 @@ def topk(
       the exact ``k``-th largest magnitude.
     capacity: values on the wire per tensor, a fraction of its size or a
       count; ``None``: ``ceil(fraction·n)``. Selected entries beyond it stay
-      in the residual and are counted in the metric ``overflow``.
+      in the residual and are counted in the metric ``overflow``. Needed
+      (static) when ``fraction`` is injected or on a schedule
+      (``optax.inject_hyperparams``): the payload keeps the capacity's size,
+      the fraction sets how many entries are selected, and ``encoded_bytes``
+      counts the filled slots (:meth:`TopK.encoded_bytes`).
     rng: uniform generator for the sample, ``"hash"`` or ``"threefry"``.
     **kwargs: passed to :func:`jaxcomp.compress`: ``axis_name``, ``skip``,
       ``min_size``, ``seed``, ``nonfinite``, ``error_feedback`` (on by default:
