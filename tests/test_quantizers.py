@@ -190,7 +190,8 @@ def test_registry_and_validation():
     assert name in jaxcomp.REGISTRY
     tx = jaxcomp.get_transform(name, axis_name=None, seed=3)
     params = {"w": jnp.ones((10,))}
-    optax.chain(tx, optax.sgd(0.1)).update({"w": jnp.ones((10,))}, optax.chain(tx, optax.sgd(0.1)).init(params), params)
+    chain = optax.chain(tx, optax.sgd(0.1))
+    jax.jit(chain.update)({"w": jnp.ones((10,))}, chain.init(params), params)  # one program, not eager ops
   with pytest.raises(ValueError, match="sparsity"):
     jaxcomp.threelc(sparsity=2.0)
   with pytest.raises(ValueError, match="sparsity"):
@@ -221,7 +222,7 @@ def test_qsgd_levels_for_bits():
   # The factory's default is 4-bit: s = 7.
   tx = jaxcomp.qsgd()
   st = tx.init(jnp.zeros(64))
-  out, _ = tx.update(jnp.linspace(-1, 1, 64), st)
+  out, _ = jax.jit(tx.update)(jnp.linspace(-1, 1, 64), st)
   levels = np.asarray(out) * 7  # max-norm 1: values are l/7
   np.testing.assert_allclose(levels, np.round(levels), atol=1e-5)
   assert np.abs(np.round(levels)).max() <= 7
@@ -286,9 +287,9 @@ def test_qsgd_buckets_padding_and_zero_bucket():
   """Buckets are d consecutive values with their own norm; a zero bucket decodes to zeros."""
   comp = jaxcomp.QSGD(levels=1, bucket_size=4)
   x = jnp.array([0.0, 0.0, 0.0, 0.0, 3.0, -3.0, 3.0, -3.0, 0.5])  # last bucket padded
-  p = comp.encode(x, jax.random.PRNGKey(0), None)
+  p = jax.jit(comp.encode)(x, jax.random.PRNGKey(0), None)  # one program, not eager ops
   np.testing.assert_array_equal(np.asarray(p.norms), [0.0, 3.0, 0.5])
-  out = np.asarray(comp.decode(p, x.shape))
+  out = np.asarray(jax.jit(comp.decode, static_argnums=1)(p, x.shape))
   np.testing.assert_array_equal(out, [0, 0, 0, 0, 3, -3, 3, -3, 0.5])  # |v| = max: exact
   assert p.codes.shape == (math.ceil(9 * 2 / 8),)
 
@@ -304,9 +305,10 @@ def test_qsgd_exact_on_levels_both_packings(levels, bucket):
     lv[start] = levels
   x = jnp.asarray(lv * (3.0 / levels))
   comp = jaxcomp.QSGD(levels=levels, bucket_size=bucket)
-  p = comp.encode(x, jax.random.PRNGKey(0), None)
+  p = jax.jit(comp.encode)(x, jax.random.PRNGKey(0), None)  # one program, not eager ops
   assert p.codes.shape == (math.ceil(n * code_width(levels) / 8),)
-  np.testing.assert_allclose(np.asarray(comp.decode(p, x.shape)), np.asarray(x), rtol=1e-6, atol=1e-6)
+  decoded = jax.jit(comp.decode, static_argnums=1)(p, x.shape)
+  np.testing.assert_allclose(np.asarray(decoded), np.asarray(x), rtol=1e-6, atol=1e-6)
 
 
 # -- 3LC --------------------------------------------------------------------------

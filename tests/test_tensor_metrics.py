@@ -20,7 +20,7 @@ def _grads(n=10_000):
 def test_zeros_of_the_matched_tensor_only_one_worker():
   g = _grads()
   tx = jaxcomp.terngrad(clip_sigma=None, tensor_metrics=r"fc6/kernel$|logits")
-  out, state = tx.update(g, tx.init(g))
+  out, state = jax.jit(tx.update)(g, tx.init(g))  # one program, not eager ops
   m = jaxcomp.metrics(state)
   # Every compressed tensor the pattern matches is tracked; the bias is not matched.
   assert {k for k in m if ":" in k} == {"zeros:fc6/kernel", "elements:fc6/kernel",
@@ -53,7 +53,7 @@ def test_per_worker_counts_under_vmap():
   def step(gr, st):
     return tx.update(gr, st)[1]
 
-  state = jax.vmap(step, in_axes=(0, axes), out_axes=axes, axis_name="w")(grads, state)
+  state = jax.jit(jax.vmap(step, in_axes=(0, axes), out_axes=axes, axis_name="w"))(grads, state)
   per_worker = np.asarray(state.local.metrics["zeros:fc6/kernel"])
   assert per_worker.shape == (n_workers,)
   assert len(set(per_worker.tolist())) > 1  # independent draws per worker

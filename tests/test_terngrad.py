@@ -45,7 +45,7 @@ def test_values_are_ternary_per_leaf():
       "b": jax.random.normal(jax.random.PRNGKey(1), (20,)) * 0.01,
   }
   tx = jaxcomp.terngrad(clip_sigma=2.5)
-  out, _ = tx.update(grads, tx.init(params))
+  out, _ = jax.jit(tx.update)(grads, tx.init(params))
   for name in grads:
     g = grads[name]
     s = float(jnp.max(jnp.abs(clip_by_sigma(g.reshape(-1), 2.5))))
@@ -84,8 +84,8 @@ def test_scalar_sharing_under_vmap():
   xs = jax.random.normal(jax.random.PRNGKey(0), (N, 100)) * jnp.arange(1, N + 1)[:, None]
   tx = jaxcomp.compress(comp, axis_name="w")
   state = tx.init(jnp.zeros(100))
-  mean, _ = jax.vmap(tx.update, in_axes=(0, None), out_axes=(None, jaxcomp.parallel.worker_axes(state)),
-                     axis_name="w")(xs, state)
+  mean, _ = jax.jit(jax.vmap(tx.update, in_axes=(0, None), out_axes=(None, jaxcomp.parallel.worker_axes(state)),
+                             axis_name="w"))(xs, state)
   s = float(jnp.max(jnp.abs(xs)))
   levels = np.asarray(mean) / (s / N)
   np.testing.assert_allclose(levels, np.round(levels), atol=1e-4)
@@ -130,8 +130,8 @@ def test_bytes_on_wire_lenet_sized():
   tx = jaxcomp.terngrad(axis_name="w", skip=jaxcomp.skip_by_path(lambda p: "logits" in p))
   state = tx.init(params)
   grads = jax.tree.map(lambda p: jnp.ones((2,) + p.shape), params)
-  _, st = jax.vmap(tx.update, in_axes=(0, None), out_axes=(None, jaxcomp.parallel.worker_axes(state)),
-                   axis_name="w")(grads, state)
+  _, st = jax.jit(jax.vmap(tx.update, in_axes=(0, None), out_axes=(None, jaxcomp.parallel.worker_axes(state)),
+                           axis_name="w"))(grads, state)
   m = jaxcomp.metrics(st)
   n_c = 5 * 5 * 20 + 800 * 500
   assert float(m["compressed_float32_bytes"]) == 4 * n_c
@@ -161,8 +161,9 @@ def test_aggregate_sums_packed_codes_exactly(workers, n):
   xs = jax.random.normal(jax.random.PRNGKey(workers), (workers, n))
   s = jnp.max(jnp.abs(xs))
   keys = jax.random.split(jax.random.PRNGKey(1), workers)
-  gathered = jax.vmap(lambda x, k: comp.encode(x, k, s))(xs, keys)
-  t = np.stack([np.asarray(comp.decode(jax.tree.map(lambda a: a[i], gathered), (n,))) / float(s)
+  gathered = jax.jit(jax.vmap(lambda x, k: comp.encode(x, k, s)))(xs, keys)
+  decode = jax.jit(comp.decode, static_argnums=1)  # one program for every worker, not eager ops
+  t = np.stack([np.asarray(decode(jax.tree.map(lambda a: a[i], gathered), (n,))) / float(s)
                 for i in range(workers)]).round().astype(np.int64)
   expected = (t.sum(0).astype(np.float32) * np.float32(s / workers)).astype(np.float32)
   np.testing.assert_array_equal(np.asarray(comp.aggregate(gathered, (n,))), expected)
