@@ -39,7 +39,7 @@ def reference_compact(mask, capacity: int, fill: int):
 def test_compact_rows_equals_reference(shape, p, cap):
   mask = jnp.asarray(np.random.default_rng(sum(shape)).random(shape) < p)
   rows, count, overflow = reference_compact(mask, cap, sparse.MAX_INDEX)
-  b = _select.compact_rows(mask, cap, sparse.MAX_INDEX)
+  b = jax.jit(_select.compact_rows, static_argnums=(1, 2))(mask, cap, sparse.MAX_INDEX)
   np.testing.assert_array_equal(b.rows, rows)
   np.testing.assert_array_equal(b.count, count)
   np.testing.assert_array_equal(b.used, np.arange(cap)[:, None] < count)
@@ -55,9 +55,10 @@ def test_kth_largest_matches_a_sort(kmax):
   pool[5, 4], pool[6, 4], pool[7, 4] = np.inf, -np.inf, -0.0
   valid = rng.random((97, 6)) < 0.7
   valid[:, 5] = np.arange(97) < 20  # a column with fewer valid entries than some ranks
+  kth_largest = jax.jit(_select.kth_largest, static_argnums=3)  # one program for every t
   for t in ([1, 2, 3, 4, 5, 6], [0, 10, 30, 20, 32, 1], [32, 32, 32, 32, 32, 32], [64, 50, 64, 40, 64, 21]):
     t = [min(r, kmax) for r in t]
-    got = np.asarray(_select.kth_largest(jnp.asarray(pool), jnp.asarray(valid), jnp.asarray(t, jnp.int32), kmax))
+    got = np.asarray(kth_largest(jnp.asarray(pool), jnp.asarray(valid), jnp.asarray(t, jnp.int32), kmax))
     for j in range(6):
       col = np.sort(pool[valid[:, j], j])[::-1]
       want = np.inf if t[j] == 0 else (col[t[j] - 1] if t[j] <= col.size else -np.inf)
@@ -67,17 +68,18 @@ def test_kth_largest_matches_a_sort(kmax):
 def test_prefix_sum_rows_every_path():
   """Triangular products (<= 512 rows; blocks of 128 with one or two levels of block totals) under a total bound of 2**24; int32 scans without one."""
   rng = np.random.default_rng(0)
+  prefix_sum_rows = jax.jit(_select.prefix_sum_rows, static_argnums=1)  # the bound picks the path
   for n, cols, high in ((1, 3, 33), (7, 3, 33), (512, 3, 33), (513, 3, 33), (3000, 3, 33), (70_001, 1, 200)):
     c = rng.integers(0, high, (n, cols)).astype(np.int32)
     for bound in (2**24, None):
-      np.testing.assert_array_equal(_select.prefix_sum_rows(jnp.asarray(c), bound), np.cumsum(c, axis=0))
+      np.testing.assert_array_equal(prefix_sum_rows(jnp.asarray(c), bound), np.cumsum(c, axis=0))
   # A column total of exactly 2**24 stays exact in float32.
   c = np.full((70_001, 1), 2**24 // 70_001, np.int32)
   c[-1] += 2**24 - c.sum()
-  np.testing.assert_array_equal(_select.prefix_sum_rows(jnp.asarray(c), 2**24), np.cumsum(c, axis=0))
+  np.testing.assert_array_equal(prefix_sum_rows(jnp.asarray(c), 2**24), np.cumsum(c, axis=0))
   # Totals past 2**24 (here ~1e9) take the int32 scan, exact; float32 would round them.
   c = rng.integers(0, 30_000, (70_001, 1)).astype(np.int32)
-  np.testing.assert_array_equal(_select.prefix_sum_rows(jnp.asarray(c), int(c.sum())), np.cumsum(c, axis=0))
+  np.testing.assert_array_equal(prefix_sum_rows(jnp.asarray(c), int(c.sum())), np.cumsum(c, axis=0))
 
 
 @pytest.mark.parametrize("comp", [
@@ -88,9 +90,10 @@ def test_aggregate_is_mean_of_decodes(comp):
   n, shape = 4, (40, 6)
   xs = jax.random.normal(jax.random.PRNGKey(0), (n,) + shape)
   keys = jax.random.split(jax.random.PRNGKey(1), n)
-  payloads = jax.vmap(lambda x, k: comp.encode(x, k, None))(xs, keys)
-  decoded = jax.vmap(lambda p: comp.decode(p, shape))(payloads)
-  np.testing.assert_allclose(comp.aggregate(payloads, shape), decoded.mean(0), rtol=1e-6, atol=1e-7)
+  payloads = jax.jit(jax.vmap(lambda x, k: comp.encode(x, k, None)))(xs, keys)
+  decoded = jax.jit(jax.vmap(lambda p: comp.decode(p, shape)))(payloads)
+  aggregate = jax.jit(comp.aggregate, static_argnums=1)(payloads, shape)
+  np.testing.assert_allclose(aggregate, decoded.mean(0), rtol=1e-6, atol=1e-7)
 
 
 def test_adaptive_capacity_sets_slots():
@@ -101,7 +104,7 @@ def test_adaptive_capacity_sets_slots():
   assert Adaptive(1 / 64, capacity=10).slots(4096) == 10
   assert Adaptive(1 / 64, capacity=1 / 32).slots(3) == 1
   x = jax.random.normal(jax.random.PRNGKey(2), (256, 3))
-  p = Adaptive(1 / 64, sample=16, capacity=1 / 32).encode(x, jax.random.PRNGKey(3), None)
+  p = jax.jit(Adaptive(1 / 64, sample=16, capacity=1 / 32).encode)(x, jax.random.PRNGKey(3), None)
   assert p.words.shape == (8, 3)
   with pytest.raises(ValueError):
     Adaptive(capacity=0.0)
