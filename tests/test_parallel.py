@@ -74,7 +74,7 @@ def test_terngrad_mean_is_average_of_worker_decodes():
     ex = parallel.exchange(comp, x, k, "w", need_own=True)
     return ex.mean, ex.own
 
-  mean, owns = jax.vmap(worker, axis_name="w", out_axes=(None, 0))(xs, keys)
+  mean, owns = jax.jit(jax.vmap(worker, axis_name="w", out_axes=(None, 0)))(xs, keys)  # one program
   np.testing.assert_allclose(mean, owns.mean(0), rtol=1e-6, atol=1e-7)
 
 
@@ -88,7 +88,7 @@ def test_workers_draw_independently():
   x = jnp.linspace(-1, 1, 4000)
   state = parallel.replicate_workers(tx.init(x), 4)
   axes = parallel.worker_axes(state)
-  _, state = jax.vmap(tx.update, in_axes=(None, axes), out_axes=(None, axes), axis_name="w")(x, state)
+  _, state = jax.jit(jax.vmap(tx.update, in_axes=(None, axes), out_axes=(None, axes), axis_name="w"))(x, state)
   owns = x - state.local.residual
   for i in range(4):
     for j in range(i + 1, 4):

@@ -40,7 +40,7 @@ def test_powersgd_algorithm1_across_workers():
     wire.append(ex.wire_bytes)
     return ex.mean, ex.own, ex.state, ex.payload
 
-  mean, own, state, payload = jax.vmap(worker, axis_name="w", out_axes=(None, None, None, 0))(ms)
+  mean, own, state, payload = jax.jit(jax.vmap(worker, axis_name="w", out_axes=(None, None, None, 0)))(ms)
   mbar = np.asarray(ms.mean(0))
   p = np.asarray(orthogonalize(jnp.asarray(mbar @ np.asarray(q0))))
   q = mbar.T @ p
