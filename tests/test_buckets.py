@@ -197,20 +197,22 @@ def test_layout_lays_tensors_side_by_side_and_back():
   lay = layout.Layout([1, 9, 4, 0, 21], planes=4, chunk=2)
   assert lay.widths == (1, 3, 1, 0, 6) and lay.chunks == (1, 2, 1, 1, 3) and lay.columns == 11
   flats = [jnp.arange(n, dtype=jnp.float32) + 100 * i for i, n in enumerate(lay.sizes)]
-  joined = lay.join(flats, fill=-1)
+  # Each step below is one jitted program, not eager ops (every slice and pad compiled alone).
+  joined = jax.jit(lambda f: lay.join(f, fill=-1))(flats)
   assert joined.shape == (4, 8, 2)
-  for a, b in zip(lay.split(joined), flats):
+  for a, b in zip(jax.jit(lay.split)(joined), flats):
     np.testing.assert_array_equal(a, b)
   # Each value's index within its own tensor, as the tensor alone would number it.
-  for idx, n in zip(lay.split(lay.index().astype(jnp.int32)), lay.sizes):
+  for idx, n in zip(jax.jit(lambda: lay.split(lay.index().astype(jnp.int32)))(), lay.sizes):
     np.testing.assert_array_equal(idx, np.arange(n))
-  assert all(bool(v.all()) for v in lay.split(lay.valid()))
-  assert int(lay.compact(lay.valid()).sum()) == sum(lay.sizes)  # in the tensors' columns, the rest is padding
+  assert all(bool(np.asarray(v).all()) for v in jax.jit(lambda: lay.split(lay.valid()))())
+  # In the tensors' columns, the rest is padding.
+  assert int(jax.jit(lambda: lay.compact(lay.valid()).sum())()) == sum(lay.sizes)
   # Packed bytes: one a column, every tensor's m_i columns end to end.
   cols = jnp.arange(8 * 2, dtype=jnp.int32).reshape(8, 2)
-  compact = lay.compact(cols)
+  compact = jax.jit(lay.compact)(cols)
   assert compact.shape == (11,)
-  np.testing.assert_array_equal(lay.compact(lay.expand(compact)), compact)
+  np.testing.assert_array_equal(jax.jit(lambda c: lay.compact(lay.expand(c)))(compact), compact)
 
 
 def test_a_bucket_payload_is_its_tensors_payloads_end_to_end_at_any_size():
