@@ -88,18 +88,27 @@ def check_fraction(value: float, name: str) -> None:
   hyperparams.check_number(value, name, lambda v: 0.0 < v <= 1.0, "in (0, 1]")
 
 
-def check_scheduled_fraction(fraction: Any, capacity: Optional[Capacity], name: str = "fraction") -> None:
-  """Raises unless a traced ``fraction`` (injected, or on a schedule) comes with a static ``capacity``.
+def check_selection(fraction: Any, capacity: Optional[Capacity], name: str = "fraction") -> None:
+  """Raises unless ``fraction`` is in ``(0, 1]`` and ``capacity`` is ``None`` or valid (:func:`check_capacity`).
 
-  Without a capacity the payload holds ``ceil(fraction·n)`` values, a shape;
-  with one it keeps the capacity's size and the fraction sets how many of its
-  slots are filled.
+  A traced ``fraction`` (injected, or on a schedule) needs a static
+  ``capacity``: without one the payload holds ``ceil(fraction·n)`` values, a
+  shape; with one it keeps the capacity's size and the fraction sets how many
+  of its slots are filled.
   """
+  check_fraction(fraction, name)
   if hyperparams.is_traced(fraction) and capacity is None:
     raise TypeError(
         f"A traced {name} (optax.inject_hyperparams, or a schedule) needs a static `capacity`: without one "
         f"the payload holds ceil({name}·n) values, a shape. Give capacity= the largest {name} of the "
         f"schedule (the payload keeps that size), or name {name!r} in static_args.")
+  if capacity is not None:
+    check_capacity(capacity)
+
+
+def selection_slots(fraction: Any, capacity: Optional[Capacity], n: int) -> int:
+  """Static slots of a selection of ``fraction`` of ``n`` values: ``capacity``'s, else ``ceil(fraction·n)``."""
+  return scheduled_count(fraction, n) if capacity is None else capacity_count(capacity, n)
 
 
 def scheduled_count(fraction: Any, n: int) -> Any:

@@ -161,10 +161,7 @@ class DGC(core.Compressor):
   metric_keys = ("overflow",)
 
   def __post_init__(self):
-    _select.check_fraction(self.density, "density")
-    _select.check_scheduled_fraction(self.density, self.capacity, "density")
-    if self.capacity is not None:
-      _select.check_capacity(self.capacity)
+    _select.check_selection(self.density, self.capacity, "density")
     _check_warmup(self.warmup_steps, self.warmup_densities)
     if hyperparams.is_traced(self.density) and self.warmup_steps:
       raise ValueError("A traced density is the warm-up itself: give warmup_steps=0 and the density as a "

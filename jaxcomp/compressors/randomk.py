@@ -157,10 +157,7 @@ class RandomK(core.Compressor):
   def __post_init__(self):
     if not hyperparams.is_number(self.fraction):
       raise TypeError(f"fraction must be a float in (0, 1]; got {self.fraction!r}.")
-    _select.check_fraction(self.fraction, "fraction")
-    _select.check_scheduled_fraction(self.fraction, self.capacity)
-    if self.capacity is not None:
-      _select.check_capacity(self.capacity)
+    _select.check_selection(self.fraction, self.capacity)
     if not isinstance(self.scale, bool):
       raise TypeError(f"scale must be a bool; got {self.scale!r}.")
 
@@ -174,7 +171,7 @@ class RandomK(core.Compressor):
 
   def slots(self, n: int) -> int:
     """Values on the wire (static): ``capacity``, or ``k``."""
-    return self.k(n) if self.capacity is None else _select.capacity_count(self.capacity, n)
+    return _select.selection_slots(self.fraction, self.capacity, n)
 
   def encoded_bytes(self, payload, shape):
     """With a traced ``fraction``, ``4·k``: every worker knows ``k``, so an all-reduce of a variable count moves that."""

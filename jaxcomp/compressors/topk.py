@@ -153,13 +153,10 @@ class TopK(core.Compressor):
   metric_keys = ("overflow",)
 
   def __post_init__(self):
-    _select.check_fraction(self.fraction, "fraction")
-    _select.check_scheduled_fraction(self.fraction, self.capacity)
+    _select.check_selection(self.fraction, self.capacity)
     if self.wire not in ("bitmap", "index"):
       raise ValueError(f"wire must be 'bitmap' or 'index'; got {self.wire!r}.")
     _select.check_sample(self.sample)
-    if self.capacity is not None:
-      _select.check_capacity(self.capacity)
     rng.check_impl(self.rng)
 
 
@@ -168,7 +165,7 @@ class TopK(core.Compressor):
     return _select.scheduled_count(self.fraction, n)
 
   def slots(self, n: int) -> int:
-    return self.k(n) if self.capacity is None else _select.capacity_count(self.capacity, n)
+    return _select.selection_slots(self.fraction, self.capacity, n)
 
   def validate(self, shape, dtype):
     if self.wire == "index" and core.size_of(shape) > 2**32:
