@@ -38,8 +38,10 @@ elementwise given per-tensor parameters (``bucket_encode``:
 :class:`~jaxcomp.core.BucketCompressor`: TernGrad, QSGD, int8, 3LC) encodes a
 bucket at once instead: :func:`jaxcomp.transforms.compress` hands the bucket's
 tensors to one :func:`jaxcomp.parallel.bucket_exchange_steps`, which lays them
-side by side (:mod:`jaxcomp.layout`), computes the per-tensor parameters per
-tensor, and encodes, gathers and aggregates the bucket as one. The bucket's
+side by side (:mod:`jaxcomp.layout`), reduces the per-tensor statistics (a
+scale, a norm, TernGrad's σ, the non-finite check) for the whole bucket at once
+(by chunk, then by tensor), and encodes, gathers and aggregates the bucket as
+one. The bucket's
 payload is its tensors' payloads end to end, so bytes and numbers are those
 of the tensors encoded one at a time (the per-tensor exchange is the same code
 on a bucket of one). This applies with any ``bucket_bytes > 0``, over

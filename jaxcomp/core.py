@@ -193,6 +193,16 @@ class Compressor:
     """The payload of a tensor of ``n`` values, as ``jax.ShapeDtypeStruct`` s (static)."""
     raise NotImplementedError
 
+  def agree_bucket(self, xs: Sequence[jax.Array], layout: "layout_lib.Layout") -> Optional[Any]:
+    """:meth:`agree` of every flat tensor of ``xs``, stacked (every leaf with one entry a tensor), or ``None``.
+
+    A compressor whose agreement is a per-tensor statistic overrides this to
+    reduce the whole bucket at once (and computes :meth:`agree` as a bucket
+    of one, so both give the same bits).
+    """
+    agreed = [self.agree(x) for x in xs]  # all None, or all of one structure
+    return None if agreed[0] is None else jax.tree.map(lambda *a: jnp.stack(a), *agreed)
+
   def encode_bucket(self, xs: Sequence[jax.Array], keys: Any, agreed: Optional[Any],
                     layout: "layout_lib.Layout") -> Payload:
     """:meth:`encode` of every flat tensor of ``xs`` at once.

@@ -450,15 +450,13 @@ def bucket_exchange_steps(
   shapes = [x.shape for x in xs]
   sizes = [core.size_of(s) for s in shapes]
   layout = layout_lib.Layout(sizes, compressor.planes)
-  agreed = [compressor.agree(x) for x in xs]  # all None, or all of one structure
+  flats = [x.reshape(-1) for x in xs]
+  agreed = compressor.agree_bucket(flats, layout)
   agreement_bytes = [0] * len(xs)
-  if agreed[0] is None:
-    agreed = None
-  else:  # one message of every tensor's values stacked: the maximum is elementwise
-    agreement_bytes = [core.tree_nbytes(a) for a in agreed] if axis_names(axis_name) else agreement_bytes
-    agreed = jax.tree.map(lambda *a: jnp.stack(a), *agreed)
-    agreed = (yield core.Message("max", agreed)) if axis_names(axis_name) else agreed
-  payload = compressor.encode_bucket([x.reshape(-1) for x in xs], keys, agreed, layout)
+  if agreed is not None and axis_names(axis_name):  # one message of every tensor's values: the maximum is elementwise
+    agreement_bytes = [core.tree_nbytes(jax.tree.map(lambda a: a[0], agreed))] * len(xs)  # a row each
+    agreed = yield core.Message("max", agreed)
+  payload = compressor.encode_bucket(flats, keys, agreed, layout)
   payload = lax.optimization_barrier(payload)  # as in exchange_steps: encoded once, for every consumer
   structs = [compressor.payload_struct(n) for n in sizes]
   parts = layout_lib.payload_parts(payload, structs)

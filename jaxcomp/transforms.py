@@ -48,6 +48,7 @@ import optax
 
 from jaxcomp import buckets
 from jaxcomp import core
+from jaxcomp import layout as layout_lib
 from jaxcomp import parallel
 from jaxcomp import rng
 from jaxcomp import two_phase
@@ -200,14 +201,30 @@ def add_residual(g: jax.Array, residual: Any, use_ef: bool) -> jax.Array:
   return x + residual if use_ef else x
 
 
-def set_aside_nonfinite(x: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """``(x, bad)``: ``bad`` if ``x`` holds a NaN or Inf, and then ``x`` replaced by zeros.
+def set_aside_nonfinite(xs: list[jax.Array]) -> tuple[list[jax.Array], list[jax.Array]]:
+  """``(xs, bad)``: ``bad[i]`` if ``xs[i]`` holds a NaN or Inf, and then ``xs[i]`` replaced by zeros.
 
   A worker with a non-finite tensor sends zeros for it, so the encoders never
   see NaN; the policy of :func:`compress` decides what the mean becomes.
+  ``xs`` are checked together (:func:`nonfinite_flags`).
   """
-  bad = is_nonfinite(x)
-  return jnp.where(bad, jnp.zeros_like(x), x), bad
+  bad = list(nonfinite_flags(xs))
+  return [jnp.where(b, jnp.zeros_like(x), x) for x, b in zip(xs, bad)], bad
+
+
+def nonfinite_flags(xs: list[jax.Array]) -> jax.Array:
+  """:func:`is_nonfinite` of every tensor of ``xs`` (float32), in one reduction: bool ``(k,)``.
+
+  Several tensors are laid end to end in chunks (:class:`jaxcomp.layout.Layout`
+  with one plane, zero padding) and reduced by chunk and then by tensor: a
+  reduction a tensor costs a kernel launch each (on XLA:CPU about as much as
+  the reduction of a small tensor itself). The flags are the same either way.
+  """
+  if len(xs) == 1:
+    return is_nonfinite(xs[0])[None]
+  layout = layout_lib.Layout([core.size_of(jnp.shape(x)) for x in xs], 1)
+  x = layout.join([x.reshape(-1) for x in xs])
+  return jnp.isnan(layout.tensor_sum(x - x))
 
 
 def is_nonfinite(x: jax.Array) -> jax.Array:
@@ -497,29 +514,34 @@ def compress(
     next_key, step_key = jax.random.split(state.key)
     worker = parallel.axis_index(axis_name)
     compressed = [i for i, s in enumerate(p.skipped) if not s]
-    # 1. Add the residual; set aside tensors that are not finite.
-    xs, bad = {}, {}
-    for i in compressed:
-      xs[i], bad[i] = set_aside_nonfinite(add_residual(p.leaves[i], residuals[i], use_ef))
-    # 2. Agree on which tensors are not finite on some worker.
-    anywhere, flag_bytes = agree_on_nonfinite([bad[i] for i in compressed], axis_name, nonfinite)
-    anywhere = dict(zip(compressed, anywhere))
-    # 3. Skip (float) or compress and exchange each tensor, in buckets; carry its residual. A
-    #    compressor with bucket_encode encodes a bucket's all-gathered tensors at once: their
-    #    exchange is one step, at the bucket's first tensor (the others' steps are placeholders).
-    stacked_keys = rng.leaf_keys(step_key, compressed, worker)
-    leaf_keys = dict(zip(compressed, stacked_keys))
-    key_row = {i: j for j, i in enumerate(compressed)}
+    # A compressor with bucket_encode encodes a bucket's all-gathered tensors at once (together).
     sizes = [4 * core.size_of(jnp.shape(g)) for g in p.leaves]
     together = []
     if compressor is not None and compressor.bucket_encode and not compressor.custom_exchange:
-      together = [ids for ids in ([i for i in group if not p.skipped[i] and not two_phase_chosen(xs[i])]
+      together = [ids for ids in ([i for i in group if not p.skipped[i] and not two_phase_chosen(p.leaves[i])]
                                   for group in buckets.assign(sizes, bucket_bytes)) if ids]
+    covered = {i for ids in together for i in ids}
+    # 1. Add the residual; set aside tensors that are not finite (a bucket encoded together at once:
+    #    elsewhere a tensor's x may be computed in another loop with its check than alone, and
+    #    XLA:CPU's contraction of a momentum's multiply-add into an FMA differs between loops).
+    xs, bad = {}, {}
+    for ids in together + [[i] for i in compressed if i not in covered]:
+      xs_ids, bad_ids = set_aside_nonfinite([add_residual(p.leaves[i], residuals[i], use_ef) for i in ids])
+      xs.update(zip(ids, xs_ids))
+      bad.update(zip(ids, bad_ids))
+    # 2. Agree on which tensors are not finite on some worker.
+    anywhere, flag_bytes = agree_on_nonfinite([bad[i] for i in compressed], axis_name, nonfinite)
+    anywhere = dict(zip(compressed, anywhere))
+    # 3. Skip (float) or compress and exchange each tensor, in buckets; carry its residual. The
+    #    exchange of tensors encoded together is one step, at the bucket's first tensor (the
+    #    others' steps are placeholders).
+    stacked_keys = rng.leaf_keys(step_key, compressed, worker)
+    leaf_keys = dict(zip(compressed, stacked_keys))
+    key_row = {i: j for j, i in enumerate(compressed)}
     steps = [None] * len(p.leaves)
     for ids in together:
       bucket_keys = stacked_keys[np.array([key_row[i] for i in ids])]
       steps[ids[0]] = compress_bucket(ids, p.leaves, xs, bad, anywhere, residuals, shards, bucket_keys, p.tracked)
-    covered = {i for ids in together for i in ids}
     for i, (g, r, inner, shard) in enumerate(zip(p.leaves, residuals, inners, shards)):
       if p.skipped[i]:
         steps[i] = float_tensor(g, r, inner, shard)

@@ -1,5 +1,6 @@
 """Buckets: one fused collective per bucket and round, and the same numbers, bit for bit, as per tensor."""
 
+import importlib
 import re
 
 import jax
@@ -231,3 +232,67 @@ def test_a_bucket_payload_is_its_tensors_payloads_end_to_end_at_any_size():
       lambda: c.encode_bucket([jnp.zeros(5), jnp.zeros(9)], jnp.zeros((2, 2), jnp.uint32), None,
                               layout.Layout([5, 9], c.planes)))), [c.payload_struct(5), c.payload_struct(9)])
   assert [p.codes.shape for p in cut] == [(2,), (3,)] and [p.scale.shape for p in cut] == [(), ()]
+
+
+# -- per-tensor statistics of a bucket at once ------------------------------------
+
+_SIZES = [0, 1, 5, 127, 128, 129, 513, 2048, 3]  # empty, under and over a chunk, several chunks
+
+
+def _tensors(sizes, seed=0):
+  rng = np.random.default_rng(seed)
+  return [jnp.asarray(rng.standard_normal(n, dtype=np.float32) * 10.0**rng.integers(-3, 3) + rng.normal())
+          for n in sizes]
+
+
+@pytest.mark.parametrize("planes", [1, 4, 5])
+def test_a_buckets_sums_and_maxima_are_each_tensors_own(planes):
+  """Every tensor's sum and max|x|, reduced for the whole bucket, are bit for bit its own alone (and right)."""
+  xs = _tensors(_SIZES)
+
+  @jax.jit
+  def stats(xs):
+    lay = layout.Layout([x.size for x in xs], planes)
+    x = lay.join(xs)
+    return lay.tensor_sum(x), lay.tensor_max(jnp.abs(x))
+
+  sums, maxima = stats(xs)
+  for x, s, m in zip(xs, np.asarray(sums), np.asarray(maxima)):
+    alone_s, alone_m = stats([x])
+    assert (s, m) == (float(alone_s[0]), float(alone_m[0])), x.size
+    ref = np.asarray(x, np.float64)
+    np.testing.assert_allclose(s, ref.sum(), rtol=1e-5, atol=1e-5 * np.abs(ref).sum())
+    assert m == (np.abs(ref).max() if x.size else 0.0)
+
+
+def test_nonfinite_flags_of_a_bucket_are_each_tensors_own():
+  from jaxcomp import transforms
+  xs = _tensors(_SIZES, seed=1)
+  poison = {2: np.nan, 4: np.inf, 6: -np.inf, 8: np.nan}  # also the last value of a chunk (index 127)
+  xs = [x.at[min(127, x.size - 1)].set(poison[i]) if i in poison else x for i, x in enumerate(xs)]
+  together = jax.jit(transforms.nonfinite_flags)(xs)
+  alone = [bool(jax.jit(transforms.is_nonfinite)(x)) for x in xs]
+  assert list(np.asarray(together)) == alone == [i in poison for i in range(len(xs))]
+  # An Inf and a -Inf in one tensor, NaN from their sum, and a huge finite tensor (no overflow).
+  odd = [jnp.array([np.inf, -np.inf, 1.0]), jnp.full((300,), 3e38, jnp.float32)]
+  assert list(np.asarray(jax.jit(transforms.nonfinite_flags)(odd))) == [True, False]
+
+
+def test_terngrad_moments_of_a_bucket_are_each_tensors_own():
+  """σ (two-pass, padding masked) and max|x| of every tensor, as numpy has them; a constant tensor has σ = 0."""
+  tg = importlib.import_module("jaxcomp.compressors.terngrad")  # the module (the package exports the factory)
+  xs = _tensors(_SIZES, seed=2) + [jnp.full((300,), 0.5, jnp.float32)]
+
+  @jax.jit
+  def moments(xs):
+    lay = layout.Layout([x.size for x in xs], tg.TernGrad.planes)
+    return tg.bucket_moments(lay.join(xs), lay)
+
+  sigma, amax = moments(xs)
+  for x, s, m in zip(xs, np.asarray(sigma), np.asarray(amax)):
+    alone = moments([x])
+    assert (s, m) == (float(alone[0][0]), float(alone[1][0])), x.size
+    ref = np.asarray(x, np.float64)
+    np.testing.assert_allclose(s, ref.std() if x.size else 0.0, rtol=1e-5, atol=1e-12)
+    assert m == (np.abs(ref).max() if x.size else 0.0)
+  assert float(sigma[-1]) == 0.0

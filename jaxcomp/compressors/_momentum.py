@@ -89,7 +89,7 @@ def carry_momentum(
     u_old: jax.Array, u_new: jax.Array, x: jax.Array, new_residual: Any, masking: bool
 ) -> jax.Array:
   """The momentum kept for the next step: rolled back if ``x`` is not finite, masked where sent."""
-  bad = transforms.set_aside_nonfinite(x)[1]
+  bad = transforms.is_nonfinite(x)
   u = jnp.where(bad, u_old, u_new)
   if masking and not isinstance(new_residual, optax.MaskedNode):
     u = jnp.where(jnp.logical_and(jnp.logical_not(bad), sent_mask(x, new_residual)), 0.0, u)

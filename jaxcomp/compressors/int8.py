@@ -36,7 +36,7 @@ import optax
 from jaxcomp import core
 from jaxcomp import hyperparams
 from jaxcomp import transforms
-from jaxcomp.compressors._quant import max_abs, safe_reciprocal
+from jaxcomp.compressors._quant import safe_reciprocal
 
 LEVELS = 127
 
@@ -57,12 +57,10 @@ class Int8(core.BucketCompressor):
 
   def encode_bucket(self, xs, keys, agreed, layout):
     del keys, agreed
-    tops = [max_abs(x) for x in xs]
-    x = layout.join(xs)[0]  # one plane: the tensors end to end
-    inv = layout.per_chunk([LEVELS * safe_reciprocal(t) for t in tops])
-    q = jnp.clip(jnp.round(x * inv), -LEVELS, LEVELS)
-    return Int8Payload(codes=layout.compact(q.astype(jnp.int8)),
-                       scale=jnp.stack([(t / LEVELS).astype(jnp.float32) for t in tops]))
+    x = layout.join(xs)  # one plane: the tensors end to end
+    tops = layout.tensor_max(jnp.abs(x))  # every tensor's max|x| (zero padding: max|x| >= 0)
+    q = jnp.clip(jnp.round(x[0] * layout.per_chunk(LEVELS * safe_reciprocal(tops))), -LEVELS, LEVELS)
+    return Int8Payload(codes=layout.compact(q.astype(jnp.int8)), scale=(tops / LEVELS).astype(jnp.float32))
 
   def decode_columns(self, payload, layout):
     return (layout.expand(payload.codes).astype(jnp.float32) * layout.per_chunk(payload.scale))[None]

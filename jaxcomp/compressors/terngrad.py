@@ -45,6 +45,7 @@ import optax
 
 from jaxcomp import core
 from jaxcomp import hyperparams
+from jaxcomp import layout as layout_lib
 from jaxcomp import rng
 from jaxcomp import transforms
 from jaxcomp.codecs import twobit
@@ -56,17 +57,28 @@ class TernGradPayload(NamedTuple):
   scale: jax.Array  # float32[]: the (shared) scalar s
 
 
-def _moments(x: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """``(σ, max|x|)`` of a flat tensor: the population std (two-pass, stable) and the max.
+def bucket_moments(x: jax.Array, layout: layout_lib.Layout) -> tuple[jax.Array, jax.Array]:
+  """``(σ, max|x|)`` of every tensor of a bucket (``x``: its :meth:`~jaxcomp.layout.Layout.join`).
 
-  The sum of squared deviations is a dot product, which XLA:CPU runs at memory
-  speed (``jnp.std`` is the plain form). ``max|x|`` is ``max(max x, -min x)``:
-  ``max(abs(x))`` writes ``|x|`` to memory before reducing it on XLA:CPU.
+  ``σ`` is the population std, two-pass (stable); both are vectors with one
+  value a tensor, reduced by chunk and then by tensor
+  (:meth:`~jaxcomp.layout.Layout.tensor_sum`): a few kernels for the bucket,
+  where a tensor's own reductions launched four (the plain form for one
+  tensor is ``jnp.std(x), jnp.max(jnp.abs(x))``). Both paddings are masked
+  out of the deviations (:meth:`~jaxcomp.layout.Layout.own`); ``max|x|`` is ``≥ 0`` so zero padding leaves it. An
+  empty tensor has ``σ = max|x| = 0``.
   """
-  if x.size == 0:
-    return jnp.float32(0.0), jnp.float32(0.0)
-  d = x - jnp.mean(x)
-  return jnp.sqrt(jnp.dot(d, d) / float(x.size)), jnp.maximum(jnp.max(x), -jnp.min(x))  # float: any size
+  n = jnp.asarray([float(max(size, 1)) for size in layout.sizes], jnp.float32)  # float: any size
+  mean = layout.tensor_sum(x) / n
+  d = jnp.where(layout.own(), x - layout.per_chunk(mean), 0.0)
+  return jnp.sqrt(layout.tensor_sum(d * d) / n), layout.tensor_max(jnp.maximum(x, -x))
+
+
+def _moments(flat: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """:func:`bucket_moments` of one flat tensor (the same bits as in any bucket): two scalars."""
+  layout = layout_lib.Layout([flat.size], TernGrad.planes)
+  sigma, amax = bucket_moments(layout.join([flat]), layout)
+  return sigma[0], amax[0]
 
 
 def _clip_bound(sigma: jax.Array, c: Optional[float]) -> jax.Array:
@@ -115,17 +127,23 @@ class TernGrad(core.BucketCompressor):
       hyperparams.check_number(self.clip_sigma, "clip_sigma", lambda c: c > 0, "positive or None")
     rng.check_impl(self.rng)
 
-  def _bound_and_scale(self, flat: jax.Array) -> tuple[jax.Array, jax.Array]:
-    # max|clip(x, -b, b)| = min(max|x|, b): Eq. 2 on the clipped tensor, same pass.
-    sigma, amax = _moments(flat)
-    bound = _clip_bound(sigma, self.clip_sigma)
-    return bound, jnp.minimum(amax, bound)
-
-  def _local_scale(self, x: jax.Array) -> jax.Array:
-    return self._bound_and_scale(x.reshape(-1))[1]
+  def _bounds_and_scales(self, x: jax.Array, layout: layout_lib.Layout) -> tuple[jax.Array, jax.Array]:
+    """Eq. 21's bound and Eq. 2's scalar of every tensor of a bucket laid out as ``x``."""
+    sigma, amax = bucket_moments(x, layout)
+    bounds = _clip_bound(sigma, self.clip_sigma)
+    return bounds, jnp.minimum(amax, bounds)  # max|clip(x, -b, b)| = min(max|x|, b)
 
   def agree(self, x):
-    return self._local_scale(x) if self.scalar_sharing else None
+    if not self.scalar_sharing:
+      return None
+    layout = layout_lib.Layout([x.size], self.planes)
+    return self.agree_bucket([x.reshape(-1)], layout)[0]
+
+  def agree_bucket(self, xs, layout):
+    """Every tensor's local scalar ``max|clip(x)|`` (Eq. 2), for Eq. 4's maximum over workers."""
+    if not self.scalar_sharing:
+      return None
+    return self._bounds_and_scales(layout.join(xs), layout)[1]
 
   def payload_struct(self, n):
     return TernGradPayload(codes=jax.ShapeDtypeStruct((twobit.packed_2bit_size(n),), jnp.uint8),
@@ -139,15 +157,13 @@ class TernGrad(core.BucketCompressor):
   def ternary_codes(self, xs, keys, agreed, layout) -> tuple[jax.Array, jax.Array]:
     """The codes ``t + 1`` of a bucket's tensors in ``layout`` (uint8; a padded zero draws 1) and their scalars.
 
-    The moments are reduced per tensor; what follows from them (Eq. 21's bound,
-    Eq. 2's scalar, its reciprocal) is computed for all tensors at once, on
-    vectors of one value a tensor (the same IEEE operations as on scalars).
+    The moments (:func:`bucket_moments`) and what follows from them (Eq. 21's
+    bound, Eq. 2's scalar, its reciprocal) are computed for all tensors at
+    once, on vectors of one value a tensor.
     """
-    moments = [_moments(flat) for flat in xs]
-    bounds = _clip_bound(jnp.stack([m[0] for m in moments]), self.clip_sigma)
-    scales = jnp.minimum(jnp.stack([m[1] for m in moments]), bounds) if agreed is None else agreed
-    scales = scales.astype(jnp.float32)
     x = layout.join(xs)  # padded with zeros: a zero draws code 0, the packing's own padding
+    bounds, scales = self._bounds_and_scales(x, layout)
+    scales = (scales if agreed is None else agreed).astype(jnp.float32)
     mag = jnp.minimum(jnp.abs(x), layout.per_chunk(bounds))
     prob = mag * layout.per_chunk(_quant.safe_reciprocal(scales))
     if self.rng == "hash":

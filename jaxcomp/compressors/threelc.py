@@ -157,11 +157,12 @@ class ThreeLC(core.BucketCompressor):
   def encode_bucket(self, xs, keys, agreed, layout):
     """§3.1 and §3.2 over the bucket: ``round(x/m)`` of each tensor's ``m``, five values a byte."""
     del keys, agreed
-    scales = [(max_abs(x) * jnp.asarray(self.sparsity, jnp.float32)).astype(jnp.float32) for x in xs]
-    q = jnp.round(layout.join(xs) * layout.per_chunk([safe_reciprocal(m) for m in scales]))
+    x = layout.join(xs)
+    scales = (layout.tensor_max(jnp.abs(x)) * jnp.asarray(self.sparsity, jnp.float32)).astype(jnp.float32)
+    q = jnp.round(x * layout.per_chunk(safe_reciprocal(scales)))
     # Shifted to {0, 1, 2}; base-3^5 pads with the digit 0 (jaxcomp.codecs.base243, step 4).
     digits = jnp.where(layout.valid(), q.astype(jnp.int8) + 1, 0).astype(jnp.uint8)
-    return ThreeLCPayload(codes=layout.compact(base243.pack_digits(digits)), scale=jnp.stack(scales))
+    return ThreeLCPayload(codes=layout.compact(base243.pack_digits(digits)), scale=scales)
 
   def decode_columns(self, payload, layout):
     q = base243.unpack_digits(layout.expand(payload.codes)).astype(jnp.int8) - jnp.int8(1)
