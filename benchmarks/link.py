@@ -59,6 +59,9 @@ def _parse(argv):
   p.add_argument("--trials", type=int, default=5)
   p.add_argument("--warmup", type=int, default=2)
   p.add_argument("--json", default=None, help="also write the document here (rank 0)")
+  p.add_argument("--profile", default=None, metavar="DIR",
+                 help="after timing, rank 0 traces 3 more calls of each method into DIR/<method> "
+                      "(jax.profiler: open in TensorBoard or Perfetto)")
   p.add_argument("--report", nargs="+", default=None, metavar="JSON",
                  help="render these documents as a Markdown table instead of measuring")
   p.add_argument("--plot", default=None, help="with --report: also draw the speedups here (PNG)")
@@ -206,6 +209,16 @@ def _time_method(method, n, shapes, mesh, g, args) -> dict:
     upd, wire, state = step(g, state)
     jax.block_until_ready(upd)
     times.append(time.perf_counter() - t0)
+  if args.profile and jax.process_index() == 0:
+    jax.profiler.start_trace(os.path.join(args.profile, method.replace(":", "_").replace("=", "-")))
+    for _ in range(3):
+      upd, wire, state = step(g, state)
+      jax.block_until_ready(upd)
+    jax.profiler.stop_trace()
+  elif args.profile:  # the other ranks take part in the same calls
+    for _ in range(3):
+      upd, wire, state = step(g, state)
+      jax.block_until_ready(upd)
   size = sum(int(np.prod(s.shape)) for s in jax.tree.leaves(shapes))
   return {"method": method, "n": size, **({"model": n} if isinstance(n, str) else {}),
           "tensors": len(jax.tree.leaves(shapes)), "median_s": statistics.median(times),
