@@ -209,16 +209,15 @@ def _time_method(method, n, shapes, mesh, g, args) -> dict:
     upd, wire, state = step(g, state)
     jax.block_until_ready(upd)
     times.append(time.perf_counter() - t0)
-  if args.profile and jax.process_index() == 0:
-    jax.profiler.start_trace(os.path.join(args.profile, method.replace(":", "_").replace("=", "-")))
+  if args.profile:  # every rank takes part in the calls; rank 0 traces them
+    tracing = jax.process_index() == 0
+    if tracing:
+      jax.profiler.start_trace(os.path.join(args.profile, method.replace(":", "_").replace("=", "-")))
     for _ in range(3):
       upd, wire, state = step(g, state)
       jax.block_until_ready(upd)
-    jax.profiler.stop_trace()
-  elif args.profile:  # the other ranks take part in the same calls
-    for _ in range(3):
-      upd, wire, state = step(g, state)
-      jax.block_until_ready(upd)
+    if tracing:
+      jax.profiler.stop_trace()
   size = sum(int(np.prod(s.shape)) for s in jax.tree.leaves(shapes))
   return {"method": method, "n": size, **({"model": n} if isinstance(n, str) else {}),
           "tensors": len(jax.tree.leaves(shapes)), "median_s": statistics.median(times),

@@ -181,7 +181,7 @@ class Layout:
     is set: the order of the chunks' sums, and so the last bit, may then vary
     from run to run.)
     """
-    return jax.ops.segment_sum(self._per_chunk(a, jnp.add), self._chunk_tensor(), len(self.sizes),
+    return jax.ops.segment_sum(self._reduce_chunks(a, jnp.add), self._chunk_tensor(), len(self.sizes),
                                indices_are_sorted=True)
 
   def tensor_max(self, a: jax.Array) -> jax.Array:
@@ -190,11 +190,11 @@ class Layout:
     Exact in any order. The padding counts: pass values for which it is
     neutral (``|x|`` with zero padding: the maximum is ``≥ 0`` anyway).
     """
-    return jax.ops.segment_max(self._per_chunk(a, jnp.maximum), self._chunk_tensor(), len(self.sizes),
+    return jax.ops.segment_max(self._reduce_chunks(a, jnp.maximum), self._chunk_tensor(), len(self.sizes),
                                indices_are_sorted=True)
 
   @staticmethod
-  def _per_chunk(a: jax.Array, combine) -> jax.Array:
+  def _reduce_chunks(a: jax.Array, combine) -> jax.Array:
     """``a`` (``(planes, chunks, CHUNK)``) reduced per chunk by ``combine``, in an order fixed here.
 
     Halves of each row are combined (a pairwise tree over its ``CHUNK`` values),
