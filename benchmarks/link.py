@@ -47,6 +47,11 @@ import time
 def _parse(argv):
   p = argparse.ArgumentParser(prog="python -m benchmarks.link", description=__doc__.split("\n")[0])
   p.add_argument("--processes", type=int, default=2)
+  p.add_argument("--devices", type=int, default=1,
+                 help="CPU devices per process (a host of several accelerators): the mesh is "
+                      "(processes, devices) with axes (\"d\", \"local\"); a method exchanges over both "
+                      "(flat: every device a worker) unless it says within=local (hierarchical: a "
+                      "float mean within the process, compressed between processes)")
   p.add_argument("--link", default=None, help="RATE[,DELAY] for experiments.launch --link")
   p.add_argument("--n", type=_sizes, default=None,
                  help="float32 values per worker (default 8,000,000); a comma-separated list runs "
@@ -82,8 +87,8 @@ def _parse(argv):
     if name not in _registry():
       p.error(f"{name!r} wraps the optimizer; it has no exchange of its own to time here "
               "(time its training steps with benchmarks.train_step_link)")
-  if (args.n and min(args.n) < 1) or args.trials < 1 or args.warmup < 1 or args.processes < 1:
-    p.error("--n, --trials, --warmup (it compiles) and --processes must be at least 1")
+  if (args.n and min(args.n) < 1) or min(args.trials, args.warmup, args.processes, args.devices) < 1:
+    p.error("--n, --trials, --warmup (it compiles), --processes and --devices must be at least 1")
   return args
 
 
@@ -122,9 +127,9 @@ def method_spec(method: str) -> tuple[str, dict]:
 
 
 def launch_self(args, argv, module: str = "benchmarks.link") -> int:
-  """Parent mode: runs ``module --worker`` under experiments.launch, one CPU device per process."""
+  """Parent mode: runs ``module --worker`` under experiments.launch, ``--devices`` CPU devices per process."""
   from experiments import launch  # pylint: disable=g-import-not-at-top
-  os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"
+  os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={getattr(args, 'devices', 1)}"
   own = ["--processes", str(args.processes)] + (["--link", args.link] if args.link else [])
   return launch.main(own + ["--", "-m", module, "--worker"] + list(argv))
 
@@ -146,8 +151,10 @@ def _workload(n, mesh, rank):
   from jax.sharding import NamedSharding, PartitionSpec as P  # pylint: disable=g-import-not-at-top
   shapes = model_shapes(n) if isinstance(n, str) else {"g": jax.ShapeDtypeStruct((n,), np.float32)}
   rng = np.random.default_rng(rank)
+  local = jax.local_device_count()
   g = jax.tree.map(lambda s: jax.make_array_from_process_local_data(
-      NamedSharding(mesh, P("d")), rng.standard_normal((1,) + s.shape, dtype=np.float32)), shapes)
+      NamedSharding(mesh, P(mesh.axis_names)), rng.standard_normal((local,) + s.shape, dtype=np.float32)),
+      shapes)
   return shapes, g
 
 
@@ -169,19 +176,23 @@ def _build(method, shapes, mesh):
   import jaxcomp  # pylint: disable=g-import-not-at-top
   from jaxcomp import parallel  # pylint: disable=g-import-not-at-top
 
-  nproc = mesh.devices.size
+  workers = mesh.devices.size
+  axes = tuple(mesh.axis_names)
   name, kwargs = method_spec(method)
-  tx = jaxcomp.get_transform(name, axis_name="d", **kwargs)
-  state = parallel.replicate_workers(tx.init(jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)), nproc)
-  specs = parallel.worker_specs(state, "d")
+  # Flat: every device a worker of the compressed exchange. With within=, the processes are.
+  axis_name = "d" if "within" in kwargs else axes
+  tx = jaxcomp.get_transform(name, axis_name=axis_name, **kwargs)
+  state = parallel.replicate_workers(tx.init(jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)), workers)
+  specs = parallel.worker_specs(state, axes)
 
   def per_device(g, s):  # one worker per device: drop its worker axis of size 1, then restore it
     upd, s2 = tx.update(jax.tree.map(lambda a: a[0], g), parallel.worker_slice(s, 0))
-    wire = jaxcomp.metrics(s2)["bytes_on_wire"].traced()  # this worker's, per step, exact
-    return upd, jnp.stack([wire.hi, wire.lo])[None], parallel.expand_workers(s2)
+    m = jaxcomp.metrics(s2)  # this device's, per step, exact
+    counts = [m[k].traced() for k in ("bytes_on_wire", "local_bytes") if k in m]
+    return upd, jnp.stack([w for c in counts for w in (c.hi, c.lo)])[None], parallel.expand_workers(s2)
 
-  step = jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=(P("d"), specs),
-                               out_specs=(P(), P("d"), specs)), donate_argnums=(1,))
+  step = jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=(P(axes), specs),
+                               out_specs=(P(), P(axes), specs)), donate_argnums=(1,))
   state = jax.tree.map(
       lambda a, sp: jax.make_array_from_callback(a.shape, jax.sharding.NamedSharding(mesh, sp),
                                                  lambda idx: a[idx]), state, specs)
@@ -204,11 +215,13 @@ def _time_method(method, n, shapes, mesh, g, args) -> dict:
     upd, wire, state = step(g, state)
     jax.block_until_ready(upd)
   times = []
+  sent = link_tx_bytes()
   for _ in range(args.trials):
     t0 = time.perf_counter()
     upd, wire, state = step(g, state)
     jax.block_until_ready(upd)
     times.append(time.perf_counter() - t0)
+  sent = None if sent is None else (link_tx_bytes() - sent) // args.trials
   if args.profile:  # every rank takes part in the calls; rank 0 traces them
     tracing = jax.process_index() == 0
     if tracing:
@@ -219,10 +232,31 @@ def _time_method(method, n, shapes, mesh, g, args) -> dict:
     if tracing:
       jax.profiler.stop_trace()
   size = sum(int(np.prod(s.shape)) for s in jax.tree.leaves(shapes))
+  words = np.asarray(wire.addressable_data(0))[0]
+  counts = {"bytes_on_wire": _words_to_int(words[:2])}
+  if len(words) > 2:
+    counts["local_bytes"] = _words_to_int(words[2:4])
+  if jax.local_device_count() > 1:  # what this process's devices hand to collectives between processes
+    counts["process_bytes_on_wire"] = counts["bytes_on_wire"] * jax.local_device_count()
+  if sent is not None:
+    counts["link_tx_bytes"] = sent
   return {"method": method, "n": size, **({"model": n} if isinstance(n, str) else {}),
           "tensors": len(jax.tree.leaves(shapes)), "median_s": statistics.median(times),
-          "min_s": min(times), "times_s": times, "collectives": ops,
-          "bytes_on_wire": _words_to_int(np.asarray(wire.addressable_data(0))[0])}
+          "min_s": min(times), "times_s": times, "collectives": ops, **counts}
+
+
+def link_tx_bytes():
+  """Bytes this process's network namespace has sent over its links (``/proc/self/net/dev``, all
+  interfaces but loopback: IP, TCP and gloo's framing included), or ``None`` on an unshaped run."""
+  if not os.environ.get("JAXCOMP_LINK"):
+    return None
+  total = 0
+  with open("/proc/self/net/dev") as f:
+    for line in f.readlines()[2:]:
+      name, fields = line.split(":", 1)
+      if name.strip() != "lo":
+        total += int(fields.split()[8])  # transmit bytes
+  return total
 
 
 def _latency(mesh, calls: int = 30) -> float:
@@ -242,6 +276,16 @@ def _latency(mesh, calls: int = 30) -> float:
   return statistics.median(times)
 
 
+def _mesh(devices: int):
+  """``("d",)`` over the processes' devices, or ``("d", "local")`` of (processes, ``devices``)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  if devices == 1:
+    return jax.make_mesh((jax.device_count(),), ("d",), axis_types=(jax.sharding.AxisType.Auto,))
+  ordered = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
+  return jax.sharding.Mesh(np.array(ordered).reshape(jax.process_count(), devices), ("d", "local"))
+
+
 def worker(args) -> int:
   """One process: time each method's exchange; rank 0 prints the JSON document."""
   from experiments import distributed  # pylint: disable=g-import-not-at-top
@@ -249,11 +293,11 @@ def worker(args) -> int:
     raise SystemExit("benchmarks.link --worker runs under experiments.launch")
   import jax  # pylint: disable=g-import-not-at-top
 
-  if jax.local_device_count() != 1:
-    raise SystemExit(f"one CPU device per process expected, got {jax.local_device_count()} "
+  if jax.local_device_count() != args.devices:
+    raise SystemExit(f"{args.devices} CPU devices per process expected, got {jax.local_device_count()} "
                      "(XLA_FLAGS)")
   rank = jax.process_index()
-  mesh = jax.make_mesh((jax.device_count(),), ("d",), axis_types=(jax.sharding.AxisType.Auto,))
+  mesh = _mesh(args.devices)
   latency = _latency(mesh)
   results = []
   for n in args.models or args.n:
@@ -362,6 +406,35 @@ def _model_table(rows) -> None:
           f"{fmt(sp, '.2f')} | {fmt(ratio, '.1f')} | {fmt(eff, '.2f')} |")
 
 
+def hosts_rows(doc):
+  """Flat against hierarchical (``X`` and ``X:within=local``) in a ``--devices`` document: rows
+  ``(method, flat s, hierarchical s, flat ÷ hierarchical, (flat, hierarchical) bytes a process hands to
+  collectives between processes, (flat, hierarchical) bytes its link carried, measured)``."""
+  by_method = {r["method"]: r for r in doc["results"]}
+  rows = []
+  for method, flat in by_method.items():
+    hier = by_method.get(f"{method}:within=local")
+    if ":within=" in method or hier is None:
+      continue
+    rows.append((method, flat["median_s"], hier["median_s"], flat["median_s"] / hier["median_s"],
+                 (flat["process_bytes_on_wire"], hier["process_bytes_on_wire"]),
+                 (flat.get("link_tx_bytes"), hier.get("link_tx_bytes"))))
+  return rows
+
+
+def _hosts_table(doc) -> None:
+  devices = len(doc["results"]) and doc["results"][0]["process_bytes_on_wire"] // doc["results"][0]["bytes_on_wire"]
+  print(f"{doc['processes']} processes x {devices} devices, {doc['link']}, "
+        f"{doc['results'][0].get('model', '')}: flat (every device a worker) against `within=local`")
+  print()
+  print("| method | flat s | hierarchical s | flat ÷ hierarchical | bytes a process hands over: flat | "
+        "hierarchical | ratio | bytes its link carried: flat | hierarchical | ratio |")
+  print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+  for method, tf, th, speed, (bf, bh), (lf, lh) in hosts_rows(doc):
+    measured = f"{lf:,} | {lh:,} | {lf / lh:.2f}" if lf and lh else " |  | "
+    print(f"| `{method}` | {tf:.3f} | {th:.3f} | {speed:.2f} | {bf:,} | {bh:,} | {bf / bh:.2f} | {measured} |")
+
+
 def report(paths, plot=None, sizes=None) -> int:
   """Prints the documents at ``paths`` as one Markdown table (only ``sizes``, if given); with
   ``plot``, draws the speedups of every size."""
@@ -369,6 +442,11 @@ def report(paths, plot=None, sizes=None) -> int:
   for path in paths:
     with open(path) as f:
       docs.append(json.load(f))
+  hosts = [doc for doc in docs if any("process_bytes_on_wire" in r for r in doc["results"])]
+  docs = [doc for doc in docs if doc not in hosts]
+  for doc in hosts:
+    _hosts_table(doc)
+    print()
   models = model_rows(docs)
   if models:
     _model_table(models)

@@ -84,7 +84,7 @@ def per_device_bytes(tree) -> int:
 def abstract_batch(run: build.Run) -> tuple[Any, Any, Any]:
   """Shapes of one step's ``images, labels, key`` as ``experiments.loop.loop`` passes them."""
   c = run.config
-  sharding = NamedSharding(run.mesh, P("devices"))
+  sharding = NamedSharding(run.mesh, P(run.mesh.axis_names))
   b = c.batch_size // c.workers
   images = jax.ShapeDtypeStruct((c.workers, b) + run.image_shape, jnp.float32, sharding=sharding)
   labels = jax.ShapeDtypeStruct((c.workers, b), jnp.int32, sharding=sharding)
@@ -109,7 +109,7 @@ def memory_figures(compiled) -> dict[str, int]:
 def undonated_step(run: build.Run):
   """``run.train_step`` as ``build.build`` makes it, but without donation."""
   c = run.config
-  return step_lib.make_train_step(c, run.model, optimizers.make_tx(c, step_lib.AXES), run.mesh,
+  return step_lib.make_train_step(c, run.model, optimizers.make_tx(c, step_lib.worker_axes(run.mesh)), run.mesh,
                                   run.state.opt_state, run.spec.num_classes, run.state.batch_stats,
                                   donate=False)
 

@@ -71,7 +71,7 @@ class Run:
     """
     c, local_workers = self.config, self.config.workers // jax.process_count()
     b = c.batch_size // c.workers
-    sharding = NamedSharding(self.mesh, P("devices"))
+    sharding = NamedSharding(self.mesh, P(self.mesh.axis_names))
     x, y = (batch["inputs"], batch["targets"]) if self.is_text else (batch["image"], batch["label"])
     return tuple(jax.make_array_from_process_local_data(sharding, a.reshape((local_workers, b) + a.shape[1:]))
                  for a in (x, y))
@@ -91,7 +91,7 @@ class Run:
 def build(config: ml_collections.ConfigDict, workdir: str) -> Run:
   """Sets the run up in named steps; nothing is trained yet."""
   writers.write_config(config, workdir)
-  mesh = state_lib.make_mesh(config.workers, config.max_devices)
+  mesh = state_lib.make_mesh(config.workers, config.max_devices, config.get("hosts", 0))
   spec = data_lib.get_spec(config.dataset)
   pipeline_kwargs = dict(seed=config.seed, augment=config.augment, data_dir=config.data_dir,
                          image_size=config.image_size, channels=config.channels,
@@ -110,7 +110,7 @@ def build(config: ml_collections.ConfigDict, workdir: str) -> Run:
   init_key, step_root = jax.random.split(jax.random.PRNGKey(config.seed))
   variables = model.init({"params": init_key, "dropout": init_key},
                          jnp.zeros((1,) + image_shape, input_dtype), train=False)
-  tx = optimizers.make_tx(config, step_lib.AXES)
+  tx = optimizers.make_tx(config, step_lib.worker_axes(mesh))
   state = state_lib.abstract_state(config, mesh, tx, variables)
   init_state = functools.partial(state_lib.initial_state, config, tx, variables, state)
   train_step = step_lib.make_train_step(config, model, tx, mesh, state.opt_state, spec.num_classes,

@@ -110,8 +110,15 @@ def make_skip(config: ml_collections.ConfigDict):
 
 
 def make_tx(config: ml_collections.ConfigDict, axis_name) -> optax.GradientTransformation:
-  """The whole chain: ``config.compressor``'s exchange over ``axis_name``, then the optimizer."""
+  """The whole chain: ``config.compressor``'s exchange over ``axis_name``, then the optimizer.
+
+  With a ``"hosts"`` axis (``config.hosts``) the exchange is hierarchical: compressed over
+  ``"hosts"``, a float mean over the others (``within``, :mod:`jaxcomp.hierarchy`).
+  """
   kwargs = dict(config.compressor_kwargs.to_dict())
+  if "hosts" in axis_name:
+    kwargs["within"] = tuple(a for a in axis_name if a != "hosts")
+    axis_name = "hosts"
   if config.compressor == "none" and kwargs:
     # The floating baseline of an experiment is its config with compressor=none;
     # the compressor's own settings do not apply to it.

@@ -41,13 +41,15 @@ def num_devices_for(workers: int, available: int) -> int:
   return max(d for d in range(1, min(workers, available) + 1) if workers % d == 0)
 
 
-def make_mesh(workers: int, max_devices: int = 0) -> jax.sharding.Mesh:
-  """The global mesh ``("devices",)`` the workers are laid over.
+def make_mesh(workers: int, max_devices: int = 0, hosts: int = 0) -> jax.sharding.Mesh:
+  """The global mesh ``("devices",)`` the workers are laid over, or ``("hosts", "devices")``.
 
   Every process contributes the same number ``d`` of its devices (the largest
   divisor of ``workers / processes`` that it has, at most ``max_devices``),
   process by process, so process ``p`` holds the ``p``-th contiguous block of
-  workers: the examples of the ``p``-th slice of every global batch.
+  workers: the examples of the ``p``-th slice of every global batch. With
+  ``hosts`` > 0 the devices are cut, in that order, into that many hosts of
+  equal size (``config.hosts``, :mod:`jaxcomp.hierarchy`).
   """
   by_process: dict[int, list[Any]] = {}
   for dev in sorted(jax.devices(), key=lambda d: (d.process_index, d.id)):
@@ -57,17 +59,23 @@ def make_mesh(workers: int, max_devices: int = 0) -> jax.sharding.Mesh:
     available = min(available, max_devices)
   per_process = num_devices_for(workers // len(by_process), available)
   devices = [dev for p in sorted(by_process) for dev in by_process[p][:per_process]]
+  if hosts:
+    if hosts < 0 or len(devices) % hosts:
+      raise ValueError(f"config.hosts={hosts} must divide the {len(devices)} devices the workers use "
+                       f"({per_process} a process); 0 compresses every worker's gradient.")
+    return jax.sharding.Mesh(np.array(devices).reshape(hosts, -1), ("hosts", "devices"),
+                             axis_types=(jax.sharding.AxisType.Auto,) * 2)
   return jax.sharding.Mesh(np.array(devices), ("devices",),
                            axis_types=(jax.sharding.AxisType.Auto,))
 
 
 def state_shardings(mesh: jax.sharding.Mesh, state: TrainState) -> TrainState:
-  """Replicated everywhere, but worker-local optimizer state split over ``"devices"``."""
+  """Replicated everywhere, but worker-local optimizer state split over the mesh's axes."""
   repl = NamedSharding(mesh, P())
   return TrainState(
       repl, jax.tree.map(lambda _: repl, state.params),
       jax.tree.map(lambda _: repl, state.batch_stats),
-      jax.tree.map(lambda s: NamedSharding(mesh, s), parallel.worker_specs(state.opt_state, "devices")),
+      jax.tree.map(lambda s: NamedSharding(mesh, s), parallel.worker_specs(state.opt_state, mesh.axis_names)),
       jax.tree.map(lambda _: repl, state.ema_params))
 
 

@@ -26,7 +26,12 @@ from experiments.state import TrainState
 import jaxcomp
 from jaxcomp import parallel
 
-AXES = ("devices", "workers")
+
+
+def worker_axes(mesh) -> tuple[str, ...]:
+  """The workers' axes, major to minor: the mesh's (``"devices"``, or ``"hosts", "devices"``), then
+  ``"workers"`` (vmap)."""
+  return tuple(mesh.axis_names) + ("workers",)
 
 
 def cross_entropy(logits, labels, num_classes):
@@ -95,10 +100,11 @@ def make_train_step(config, model, tx, mesh, opt_state_template, num_classes, bn
   has_bn = bool(jax.tree.leaves(bn_template))
   loss_fn = make_loss_fn(config, model, num_classes, has_bn)
   axes = parallel.worker_axes(opt_state_template)
-  specs = parallel.worker_specs(opt_state_template, "devices")
+  every = worker_axes(mesh)
+  specs = parallel.worker_specs(opt_state_template, mesh.axis_names)
 
   def worker(params, batch_stats, opt_state, images, labels, key):
-    key = jax.random.fold_in(key, parallel.axis_index(AXES))
+    key = jax.random.fold_in(key, parallel.axis_index(every))
     # DiLoCo's workers differentiate at their own local parameters (jaxcomp.local_params);
     # under any other optimizer these are ``params``.
     grads, loss, logits, new_vars = loss_and_grad(config, loss_fn, jaxcomp.local_params(opt_state, params),
@@ -107,9 +113,9 @@ def make_train_step(config, model, tx, mesh, opt_state_template, num_classes, bn
     params = optax.apply_updates(params, updates)
     if has_bn:
       if config.batch_norm_stats == "mean":
-        batch_stats = parallel.pmean(new_vars["batch_stats"], AXES)
+        batch_stats = parallel.pmean(new_vars["batch_stats"], every)
       else:
-        batch_stats = jax.tree.map(lambda a: a[0], parallel.all_gather(new_vars["batch_stats"], AXES))
+        batch_stats = jax.tree.map(lambda a: a[0], parallel.all_gather(new_vars["batch_stats"], every))
     acc = jnp.mean(jnp.argmax(logits, -1) == labels)
     return params, batch_stats, opt_state, {"loss": loss, "accuracy": acc}
 
@@ -117,8 +123,8 @@ def make_train_step(config, model, tx, mesh, opt_state_template, num_classes, bn
                      out_axes=(None, None, axes, 0), axis_name="workers")
   sharded = jax.shard_map(
       vworker, mesh=mesh,
-      in_specs=(P(), P(), specs, P("devices"), P("devices"), P()),
-      out_specs=(P(), P(), specs, P("devices")),
+      in_specs=(P(), P(), specs, P(mesh.axis_names), P(mesh.axis_names), P()),
+      out_specs=(P(), P(), specs, P(mesh.axis_names)),
       check_vma=False,  # collectives over the inner vmap axis (see jaxcomp.parallel)
   )
   bn_bytes = jaxcomp.core.tree_nbytes(bn_template)

@@ -149,6 +149,7 @@ def _summary(run: Run, start: Start, end: End, timing: dict[str, float]) -> dict
       "workers": c.workers,
       "devices": run.mesh.size,
       "processes": jax.process_count(),
+      "hosts": c.get("hosts", 0),
       "batch_size": c.batch_size,
       "optimizer": c.optimizer,
       "learning_rate": c.learning_rate,

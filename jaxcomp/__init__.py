@@ -21,6 +21,7 @@ from, and the modules ``core`` (the compressor protocol), ``parallel``
 from jaxcomp import codecs
 from jaxcomp import core
 from jaxcomp import flax_nnx
+from jaxcomp import hierarchy
 from jaxcomp import models
 from jaxcomp import parallel
 from jaxcomp import rng
@@ -115,6 +116,7 @@ __all__ = [
     # modules
     "core",
     "parallel",
+    "hierarchy",
     "rng",
     "codecs",
     "models",

@@ -178,6 +178,25 @@ def deliver(trees: Sequence[Any], kind: str, axis_name: parallel.AxisName) -> li
   leaves = [jnp.asarray(leaf) for ls, _ in flat for leaf in ls]
   if len(leaves) <= 1:  # nothing to join
     return [parallel.deliver(core.Message(kind, t), axis_name) for t in trees]
+  # Under shard_map's varying-axes typing a joined buffer varies over every axis any of its parts
+  # varies over, and so would every part of the result: only arrays typed alike are joined (a
+  # hierarchy's whole tensors, the same on every device of a host, apart from its slices).
+  out = [None] * len(leaves)
+  typed: dict[frozenset, list[int]] = {}
+  for i, a in enumerate(leaves):
+    typed.setdefault(parallel.varying_axes(a), []).append(i)
+  for ids in typed.values():
+    for i, result in zip(ids, _joined([leaves[i] for i in ids], kind, axis_name)):
+      out[i] = result
+  results, start = [], 0
+  for ls, treedef in flat:
+    results.append(treedef.unflatten(out[start:start + len(ls)]))
+    start += len(ls)
+  return results
+
+
+def _joined(leaves: list[jax.Array], kind: str, axis_name: parallel.AxisName) -> list[jax.Array]:
+  """The results of one collective of ``kind`` over ``leaves`` joined (one per dtype for reductions)."""
   # Each array is computed as it would be alone: without the barrier XLA may fuse its producer
   # into the join, and a fused producer can round differently (XLA:CPU computes a dot fused into
   # a loop in another order than its matrix-multiply kernel: PowerSGD's P = M Q moved by 1 ulp).
@@ -190,12 +209,7 @@ def deliver(trees: Sequence[Any], kind: str, axis_name: parallel.AxisName) -> li
     out = _reduced(leaves, kind, axis_name)
   else:
     raise ValueError(f"unknown message kind {kind!r}; expected one of {core.MESSAGE_KINDS}.")
-  out = list(lax.optimization_barrier(out))  # and each result is used as it would be alone
-  results, start = [], 0
-  for ls, treedef in flat:
-    results.append(treedef.unflatten(out[start:start + len(ls)]))
-    start += len(ls)
-  return results
+  return list(lax.optimization_barrier(out))  # and each result is used as it would be alone
 
 
 def _as_bytes(a: jax.Array, lead: int) -> jax.Array:

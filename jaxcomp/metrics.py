@@ -49,6 +49,11 @@ def metrics(opt_state: Any) -> dict[str, Union[Count, jax.Array]]:
     ``"auto"``): the tensors that took the two-phase exchange
     (:mod:`jaxcomp.two_phase`); with ``tensor_metrics``, ``two_phase:<path>``
     per matched tensor.
+  * ``local_bytes`` (transforms with ``within``, :mod:`jaxcomp.hierarchy`):
+    bytes this device handed to the collectives inside its host (the float
+    reduce-scatter and all-gathers); then every other counter is this
+    device's, over its slices of the tensors, and ``bytes_on_wire`` counts
+    only what goes between hosts.
   * ``compression_ratio``: ``float32_bytes / bytes_on_wire``;
     ``compressed_ratio`` the same over compressed tensors only.
   * compressor-specific counters (e.g. overflow, fallbacks).

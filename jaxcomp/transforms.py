@@ -48,6 +48,7 @@ import optax
 
 from jaxcomp import buckets
 from jaxcomp import core
+from jaxcomp import hierarchy
 from jaxcomp import layout as layout_lib
 from jaxcomp import parallel
 from jaxcomp import rng
@@ -346,6 +347,7 @@ def compress(
     tensor_metrics: Optional[str] = None,
     exchange: two_phase.Exchange = "all_gather",
     bucket_bytes: int = buckets.DEFAULT_BUCKET_BYTES,
+    within: parallel.AxisName = None,
 ) -> optax.GradientTransformationExtraArgs:
   """Compresses, exchanges and averages gradients.
 
@@ -407,6 +409,14 @@ def compress(
       few ulp, see :mod:`jaxcomp.buckets`), as with
       ``0``: one exchange per tensor. Over ``vmap``-simulated workers alone
       nothing crosses a wire and tensors go one at a time whatever the value.
+    within: a hierarchy (:mod:`jaxcomp.hierarchy`): the axis (a name or a
+      tuple of names) of the devices of one host, over which gradients are
+      averaged in float before the compressed exchange over ``axis_name``,
+      which then runs once per host, each device of the host exchanging one
+      slice of every tensor. ``None`` (default): every worker of
+      ``axis_name`` exchanges its own compressed gradient. With ``within``
+      the counters are per device and the bytes over ``within`` are counted
+      apart, as ``local_bytes``.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` whose updates are the
@@ -423,6 +433,9 @@ def compress(
     raise ValueError(f"min_size must be >= 0; got {min_size}.")
   buckets.check_bucket_bytes(bucket_bytes)
   parallel.axis_names(axis_name)  # validates
+  if set(parallel.axis_names(within)) & set(parallel.axis_names(axis_name)):
+    raise ValueError(f"within={within!r} and axis_name={axis_name!r} share an axis: within names the "
+                     "devices of one host (averaged in float), axis_name the hosts (compressed).")
   two_phase.check_exchange(exchange)
   if compressor is not None:
     two_phase.check(compressor, exchange)
@@ -507,19 +520,25 @@ def compress(
   def update_fn(updates, state, params=None, **extra_args):
     del params, extra_args
     p = plan(updates)
-    check_gradients_vary(updates, axis_name, compressor)
+    check_gradients_vary(updates, parallel.axis_names(axis_name) + parallel.axis_names(within), compressor)
     residuals = p.treedef.flatten_up_to(state.local.residual)
     inners = p.treedef.flatten_up_to(state.inner)
     shards = p.treedef.flatten_up_to(state.shard.residual) if use_shard else [optax.MaskedNode()] * len(p.leaves)
+    local = None
+    if within is not None:  # 0. The host's mean, this device's slices (jaxcomp.hierarchy).
+      local = hierarchy.Local(within, [jnp.shape(g) for g in p.leaves], compressor, p.skipped)
+      whole = p.leaves
+      p = p._replace(leaves=local.scatter(p.leaves))
+      residuals, shards = local.take(residuals), local.take(shards)
     next_key, step_key = jax.random.split(state.key)
-    worker = parallel.axis_index(axis_name)
     compressed = [i for i, s in enumerate(p.skipped) if not s]
     # A compressor with bucket_encode encodes a bucket's all-gathered tensors at once (together).
     sizes = [4 * core.size_of(jnp.shape(g)) for g in p.leaves]
     together = []
     if compressor is not None and compressor.bucket_encode and not compressor.custom_exchange:
+      groups = buckets.assign(sizes, bucket_bytes)
       together = [ids for ids in ([i for i in group if not p.skipped[i] and not two_phase_chosen(p.leaves[i])]
-                                  for group in buckets.assign(sizes, bucket_bytes)) if ids]
+                                  for group in (local.separate(groups) if local is not None else groups)) if ids]
     covered = {i for ids in together for i in ids}
     # 1. Add the residual; set aside tensors that are not finite (a bucket encoded together at once:
     #    elsewhere a tensor's x may be computed in another loop with its check than alone, and
@@ -529,18 +548,26 @@ def compress(
       xs_ids, bad_ids = set_aside_nonfinite([add_residual(p.leaves[i], residuals[i], use_ef) for i in ids])
       xs.update(zip(ids, xs_ids))
       bad.update(zip(ids, bad_ids))
+    if local is not None and compressed:  # a tensor's flag is the host's
+      host_bad = local.any(jnp.stack([bad[i] for i in compressed]))
+      for i, b in zip(compressed, host_bad):
+        xs[i], bad[i] = jnp.where(b, jnp.zeros_like(xs[i]), xs[i]), b
     # 2. Agree on which tensors are not finite on some worker.
     anywhere, flag_bytes = agree_on_nonfinite([bad[i] for i in compressed], axis_name, nonfinite)
     anywhere = dict(zip(compressed, anywhere))
     # 3. Skip (float) or compress and exchange each tensor, in buckets; carry its residual. The
     #    exchange of tensors encoded together is one step, at the bucket's first tensor (the
     #    others' steps are placeholders).
-    stacked_keys = rng.leaf_keys(step_key, compressed, worker)
-    leaf_keys = dict(zip(compressed, stacked_keys))
+    if local is not None:
+      key_rows = local.leaf_keys(step_key, compressed, axis_name)
+    else:
+      stacked = rng.leaf_keys(step_key, compressed, parallel.axis_index(axis_name))
+      key_rows = {i: stacked for i in compressed}
     key_row = {i: j for j, i in enumerate(compressed)}
+    leaf_keys = {i: key_rows[i][key_row[i]] for i in compressed}
     steps = [None] * len(p.leaves)
     for ids in together:
-      bucket_keys = stacked_keys[np.array([key_row[i] for i in ids])]
+      bucket_keys = key_rows[ids[0]][np.array([key_row[i] for i in ids])]  # a bucket draws alike
       steps[ids[0]] = compress_bucket(ids, p.leaves, xs, bad, anywhere, residuals, shards, bucket_keys, p.tracked)
     for i, (g, r, inner, shard) in enumerate(zip(p.leaves, residuals, inners, shards)):
       if p.skipped[i]:
@@ -552,7 +579,16 @@ def compress(
       for i, result in zip(ids, results[ids[0]]):
         results[i] = result
     # 4. Count.
+    if local is not None:  # a host's non-finite tensor counts once, not once per device
+      for r in results:
+        if "nonfinite_tensors" in r.counts:
+          r.counts["nonfinite_tensors"] = jnp.where(local.index == 0, r.counts["nonfinite_tensors"], 0)
     metrics = count_all(keys, results, p, flag_bytes)
+    if local is not None:
+      # Every count depends on the host's size, which init's abstract trace sets to 1: traced, so
+      # that the state keeps one structure.
+      metrics["local_bytes"] = Count(local.bytes(whole, len(compressed), [r.inner for r in results]))
+      metrics = {name: value.traced() for name, value in metrics.items()}
     if routed:
       # With a routed exchange, the counts that depend on the axis size (bytes received, which
       # route each tensor took, its bytes) are kept in their traced form: init's abstract trace
@@ -562,15 +598,19 @@ def compress(
                      "two_phase_tensors"] + [f"two_phase:{path}" for path in p.tracked.values()]
       for name in n_dependent:
         metrics[name] = metrics[name].traced()
+    updates, inners = [r.update for r in results], [r.inner for r in results]
+    residuals, shards = [r.residual for r in results], [r.shard for r in results]
+    if local is not None:  # 5. The whole tensors on every device of the host; the slices' residuals.
+      updates, inners = local.gather(updates), local.same(inners)
+      residuals, shards = local.put(residuals), local.put(shards)
     new_state = CompressState(
         count=optax.safe_increment(state.count),
         key=next_key,
-        inner=p.treedef.unflatten([r.inner for r in results]),
-        local=core.WorkerLocal(residual=p.treedef.unflatten([r.residual for r in results]), metrics=metrics),
-        shard=core.WorkerLocal(residual=p.treedef.unflatten([r.shard for r in results]), metrics={})
-        if use_shard else None,
+        inner=p.treedef.unflatten(inners),
+        local=core.WorkerLocal(residual=p.treedef.unflatten(residuals), metrics=metrics),
+        shard=core.WorkerLocal(residual=p.treedef.unflatten(shards), metrics={}) if use_shard else None,
     )
-    return p.treedef.unflatten([r.update for r in results]), new_state
+    return p.treedef.unflatten(updates), new_state
 
   def init_fn(params):
     p = plan(params)
@@ -604,7 +644,8 @@ def compress(
     # are the same before and after every update, so that the state keeps one
     # pytree structure (for jit caches, lax.scan, checkpoints): trace one update
     # abstractly (nothing runs) and keep its static counts, with zero for the rest.
-    traced = jax.eval_shape(_with_axes(update_fn, axis_name), params, state)[1].local.metrics
+    traced = jax.eval_shape(_with_axes(update_fn, parallel.axis_names(axis_name) + parallel.axis_names(within)),
+                            params, state)[1].local.metrics
     metrics = {k: Count(v.static) if v.is_static else Count(v.static) + Count.of(jnp.uint32(0))
                for k, v in traced.items()}
     return state._replace(local=state.local._replace(metrics=metrics))

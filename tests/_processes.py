@@ -17,15 +17,17 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
-def run_workers(script: str, num_processes: int, tmp_path, timeout: float = 300, args=()) -> list[dict]:
+def run_workers(script: str, num_processes: int, tmp_path, timeout: float = 300, args=(),
+                devices: int = 1) -> list[dict]:
   """Runs ``tests/multiprocess/<script> PORT P RANK OUT.npz *args`` as P processes; returns their outputs.
 
-  One CPU device per process; the workers import this checkout's ``jaxcomp``,
-  whatever is installed. Fails with a worker's log if any exits non-zero.
+  ``devices`` CPU devices per process; the workers import this checkout's
+  ``jaxcomp``, whatever is installed. Fails with a worker's log if any exits non-zero.
   """
   port = str(free_port())
   path = os.pathsep.join(filter(None, [os.path.dirname(HERE), os.environ.get("PYTHONPATH")]))
-  env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu", PYTHONPATH=path)
+  flags = f"--xla_force_host_platform_device_count={devices}" if devices > 1 else ""
+  env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu", PYTHONPATH=path)
   procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "multiprocess", script), port,
                              str(num_processes), str(i), str(tmp_path / f"out{i}.npz"), *args],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

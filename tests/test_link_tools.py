@@ -47,6 +47,22 @@ def test_table_rows_give_speedups_wire_ratios_and_the_model():
   assert link.table_rows([_doc(2, "loopback (not shaped)", [("none", 10, 1.0, 40)])])[0][8] is None
 
 
+def test_hosts_report_sets_each_method_against_its_hierarchical_run(tmp_path, capsys):
+  results = [dict(method=m, model="resnet110", median_s=t, bytes_on_wire=b, process_bytes_on_wire=4 * b,
+                  link_tx_bytes=tx) for m, t, b, tx in
+             [("none", 2.5, 100, 410), ("none:within=local", 0.5, 25, 104), ("terngrad", 0.8, 8, 130),
+              ("terngrad:within=local", 0.2, 2, 10)]]
+  doc = {"benchmark": "link", "processes": 2, "link": "100mbit", "latency_s": 1e-3, "results": results}
+  assert link.hosts_rows(doc) == [("none", 2.5, 0.5, 5.0, (400, 100), (410, 104)),
+                                  ("terngrad", 0.8, 0.2, 4.0, (32, 8), (130, 10))]
+  path = tmp_path / "hosts.json"
+  path.write_text(json.dumps(doc))
+  assert link.main(["--report", str(path)]) == 0
+  out = capsys.readouterr().out
+  assert "2 processes x 4 devices, 100mbit, resnet110" in out
+  assert "| `terngrad` | 0.800 | 0.200 | 4.00 | 32 | 8 | 4.00 | 130 | 10 | 13.00 |" in out
+
+
 def test_report_prints_a_table_and_draws(tmp_path, capsys):
   doc = _doc(4, "10mbit", [("none", 431_000, 1.4, 1_724_000), ("terngrad", 431_000, 0.2, 107_759),
                            ("terngrad:exchange=two_phase", 431_000, 0.15, 161_661)])

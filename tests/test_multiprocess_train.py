@@ -1,9 +1,9 @@
 """experiments.train over several processes (jax.distributed on loopback, gloo collectives).
 
 * 2 processes x 4 devices train like 1 process x 8 (this process,
-  ``conftest.py``): same config and seed, for the float baseline, TernGrad and
-  1-bit SGD (error feedback); the final checkpoints (parameters, optimizer
-  state with the residuals, EMA) agree to 1e-6.
+  ``conftest.py``): same config and seed, for the float baseline, TernGrad
+  (hierarchical: 2 hosts) and 1-bit SGD (error feedback); the final checkpoints
+  (parameters, optimizer state with the residuals, EMA) agree to 1e-6.
 * A process SIGKILLed after a checkpoint stops the run (its peer fails fast,
   within the heartbeat timeout); restarted, the run resumes from that
   checkpoint and ends bit-identical to the uninterrupted 2-process run.
@@ -164,6 +164,7 @@ def test_two_processes_train_like_one(runs, name):
   root, single, multi = runs
   assert single[name]["processes"] == 1 and multi[name]["processes"] == NPROC
   assert single[name]["devices"] == multi[name]["devices"] == 8
+  assert single[name]["hosts"] == multi[name]["hosts"] == train_config.HOSTS.get(name, 0)
   for k in ("steps", "bytes_on_wire", "float32_bytes", "test_examples"):
     assert single[name][k] == multi[name][k], k
   step_s, state_s = final_checkpoint(root / "sp" / name)

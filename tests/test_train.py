@@ -84,6 +84,20 @@ def test_devices_and_vmap_layouts_give_the_same_run(tmp_path):
   np.testing.assert_allclose(a["final_train_loss"], b["final_train_loss"], rtol=1e-5)
 
 
+def test_hosts_average_inside_and_compress_between(tmp_path):
+  """config.hosts=2: the 8 devices as 2 hosts of 4 (one worker a device); TernGrad between the hosts
+  only, so each device sends a quarter of a worker's payload; float inside a host."""
+  flat = train.train_and_evaluate(_config(workers=8, num_train_steps=4, log_every=4, eval_every=4),
+                                  str(tmp_path / "flat"))
+  hosts = train.train_and_evaluate(_config(workers=8, hosts=2, num_train_steps=4, log_every=4, eval_every=4),
+                                   str(tmp_path / "hosts"))
+  assert hosts["devices"] == flat["devices"] == 8 and hosts["hosts"] == 2
+  assert 3.8 < flat["bytes_on_wire"] / hosts["bytes_on_wire"] <= 4.0
+  assert np.isfinite(hosts["final_train_loss"]) and hosts["test_accuracy"] > 0.2
+  with pytest.raises(ValueError, match="config.hosts=3 must divide the 8 devices"):
+    train.train_and_evaluate(_config(workers=8, hosts=3), str(tmp_path / "bad"))
+
+
 @pytest.mark.parametrize(
     "overrides, message",
     [

@@ -15,6 +15,9 @@ COMPRESSORS = {
     "terngrad": {"clip_sigma": 2.5},
     "onebit": {},
 }
+# TernGrad runs hierarchically: 2 hosts of 4 devices (config.hosts), a process each in the
+# 2-process run, the 8 devices of one process in the other.
+HOSTS = {"terngrad": 2}
 STEPS = 4
 
 
@@ -31,5 +34,6 @@ def config(compressor: str, steps: int = STEPS, checkpoint_every: int = STEPS,
   c.progress = False
   c.compressor = compressor
   c.compressor_kwargs = ml_collections.ConfigDict(COMPRESSORS[compressor])
+  c.hosts = HOSTS.get(compressor, 0)
   c.distributed.heartbeat_timeout_seconds = heartbeat
   return c
