@@ -108,11 +108,17 @@ def build(config: ml_collections.ConfigDict, workdir: str) -> Run:
                                            **pipeline_kwargs)
   model = models_lib.get_model(config.model, spec.num_classes, **config.model_kwargs.to_dict())
   init_key, step_root = jax.random.split(jax.random.PRNGKey(config.seed))
-  variables = model.init({"params": init_key, "dropout": init_key},
-                         jnp.zeros((1,) + image_shape, input_dtype), train=False)
+  init_variables = functools.partial(model.init, {"params": init_key, "dropout": init_key},
+                                     jnp.zeros((1,) + image_shape, input_dtype), train=False)
+  variables = jax.eval_shape(init_variables)  # the state's layout: nothing is computed
   tx = optimizers.make_tx(config, step_lib.worker_axes(mesh))
   state = state_lib.abstract_state(config, mesh, tx, variables)
-  init_state = functools.partial(state_lib.initial_state, config, tx, variables, state)
+
+  def init_state() -> TrainState:
+    """The state at step 0; the model's initial values are computed only here, for a run that
+    starts afresh (a resumed run reads its checkpoint instead)."""
+    return state_lib.initial_state(config, tx, init_variables(), state)
+
   train_step = step_lib.make_train_step(config, model, tx, mesh, state.opt_state, spec.num_classes,
                                state.batch_stats)
   eval_step = (lm.make_eval_step(model) if spec.modality == "text" else

@@ -16,6 +16,7 @@ import ml_collections
 import optax
 
 import jaxcomp
+from jaxcomp import parallel
 from jaxcomp import models as models_lib
 
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw", "adagrad")
@@ -116,8 +117,9 @@ def make_tx(config: ml_collections.ConfigDict, axis_name) -> optax.GradientTrans
   ``"hosts"``, a float mean over the others (``within``, :mod:`jaxcomp.hierarchy`).
   """
   kwargs = dict(config.compressor_kwargs.to_dict())
-  if "hosts" in axis_name:
-    kwargs["within"] = tuple(a for a in axis_name if a != "hosts")
+  names = parallel.axis_names(axis_name)
+  if "hosts" in names:
+    kwargs["within"] = tuple(a for a in names if a != "hosts")
     axis_name = "hosts"
   if config.compressor == "none" and kwargs:
     # The floating baseline of an experiment is its config with compressor=none;
