@@ -66,6 +66,7 @@ REFERENCE_BATCH = 4096  # the minibatch noise's reference gradient (fewer if the
 CLIP_SIGMA = 2.5  # jaxcomp.terngrad's default, TG-F3's setting
 
 
+@jax.jit  # one program, not one dispatch per leaf and operation (also inlined in jitted callers)
 def _rel_sq_error(a, b) -> jax.Array:
   """``||a - b||^2 / ||b||^2`` over all leaves of two pytrees."""
   return otu.tree_norm(otu.tree_sub(a, b), squared=True) / otu.tree_norm(b, squared=True)
