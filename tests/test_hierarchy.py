@@ -259,3 +259,18 @@ def test_two_processes_of_four_devices_give_the_numbers_of_one(tmp_path):
         continue
       for d in range(H * L):
         np.testing.assert_array_equal(outs[d // L][f"{name}_residual_{k}_{d}"], r[d], err_msg=f"{name} {k} {d}")
+
+
+@pytest.mark.parametrize("name, kwargs", [("local_steps", {"k": 2}), ("onebit_adam", {"freeze_step": 1}),
+                                          ("diloco", {"inner_steps": 2}), ("terngrad", {"exchange": "two_phase"})])
+def test_the_optimizer_wrappers_and_two_phase_run_hierarchically(name, kwargs):
+  """``within`` passes through the optimizer wrappers to their exchanges, and composes with the
+  two-phase exchange: two steps, finite updates, float traffic inside the hosts counted."""
+  tx = (jaxcomp.get_transform(name, axis_name="hosts", within="local", **kwargs) if name == "terngrad" else
+        jaxcomp.make_optimizer(name, optax.sgd(0.1), axis_name="hosts", within="local", **kwargs))
+  state = parallel.replicate_workers(tx.init(_params()), H * L)
+  step = _runner(tx, state)
+  for t in range(2):
+    upd, state = step(_grads(t), state)
+  assert all(np.isfinite(np.asarray(u)).all() for u in jax.tree.leaves(upd))
+  assert int(jaxcomp.metrics(state)["local_bytes"]) > 0

@@ -125,7 +125,8 @@ def diloco(
       registered compressor's name (built with ``axis_name`` and ``**exchange_kwargs``), or an
       optax transform that averages over ``axis_name`` itself.
     **exchange_kwargs: keyword arguments of the named compressor; for the float exchange only
-      :func:`jaxcomp.compress`'s ``seed``, ``skip``, ``min_size``, ``nonfinite``, ``bucket_bytes``.
+      :func:`jaxcomp.compress`'s ``seed``, ``skip``, ``min_size``, ``nonfinite``, ``bucket_bytes``,
+      ``within``.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` whose updates of the shared parameters are zero

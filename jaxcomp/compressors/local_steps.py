@@ -68,7 +68,7 @@ REFERENCE_METRICS = ("float32_bytes", "compressed_float32_bytes")
 # jaxcomp.compress's own arguments, which every registered transform accepts: the float
 # exchange takes them too (they change nothing there), so callers that pass them to any
 # compressor (experiments.optimizers.make_tx, through make_optimizer) can build local steps.
-FLOAT_EXCHANGE_KWARGS = ("seed", "skip", "min_size", "nonfinite", "bucket_bytes")
+FLOAT_EXCHANGE_KWARGS = ("seed", "skip", "min_size", "nonfinite", "bucket_bytes", "within")
 
 
 class LocalStepsState(NamedTuple):

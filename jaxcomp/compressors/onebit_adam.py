@@ -218,7 +218,7 @@ def scale_by_onebit_adam(
       (default: the paper's compressed reduce-scatter and all-gather with a
       server error), ``"all_gather"`` (no server error) or ``"auto"``.
     **compress_kwargs: :func:`jaxcomp.compress`'s ``skip``, ``min_size``,
-      ``seed``, ``nonfinite``, ``bucket_bytes`` for the 1-bit exchange (``skip`` and
+      ``seed``, ``nonfinite``, ``bucket_bytes``, ``within`` for the 1-bit exchange (``skip`` and
       ``min_size`` keep tensors in float after the freeze).
 
   Returns:
@@ -233,11 +233,11 @@ def scale_by_onebit_adam(
   if compress_kwargs.get("error_feedback") is False:
     raise ValueError("1-bit Adam's compression is error-compensated: error_feedback cannot be False.")
   compress_kwargs.pop("error_feedback", None)
-  unexpected = sorted(set(compress_kwargs) - {"skip", "min_size", "seed", "nonfinite", "bucket_bytes"})
+  unexpected = sorted(set(compress_kwargs) - {"skip", "min_size", "seed", "nonfinite", "bucket_bytes", "within"})
   if unexpected:
     raise TypeError(f"onebit_adam got unexpected keyword arguments {unexpected}.")
   warm_tx = transforms.compress(None, axis_name=axis_name, **{
-      k: v for k, v in compress_kwargs.items() if k == "bucket_bytes"})
+      k: v for k, v in compress_kwargs.items() if k in ("bucket_bytes", "within")})
   onebit_tx = transforms.compress(OneBitAdamSign(), axis_name=axis_name, error_feedback=True,
                                   exchange=exchange, **compress_kwargs)
   routed = exchange != "all_gather"
