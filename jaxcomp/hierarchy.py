@@ -141,8 +141,8 @@ class Local:
     """The host's mean of every leaf: this device's slice of a split leaf, the whole of the others.
 
     One reduce-scatter per dtype for all leaves (a whole leaf is cut into ``L``
-    equal pieces, zero-padded, for it), then one all-gather per dtype of the
-    whole leaves' pieces: a sum whose order is the same in one process and in
+    equal pieces, zero-padded, for it), then one all-gather of the whole
+    leaves' pieces (:func:`jaxcomp.buckets.deliver`): a sum whose order is the same in one process and in
     several (an all-reduce's is not).
     """
     out = list(leaves)
@@ -161,13 +161,8 @@ class Local:
         pieces[i] = mean[start:start + r.shape[1]]
         start += r.shape[1]
       whole = [i for i in ids if not self.split[i]]
-      if whole:
-        gathered = parallel.all_gather(jnp.concatenate([pieces[i] for i in whole]), self.within)  # (L, ·)
-        start = 0
-        for i in whole:
-          n = pieces[i].shape[0]
-          pieces[i] = gathered[:, start:start + n].reshape(-1)[:core.size_of(jnp.shape(leaves[i]))]
-          start += n
+      for i, gathered in zip(whole, buckets.deliver([pieces[i] for i in whole], "gather", self.within)):
+        pieces[i] = gathered.reshape(-1)[:core.size_of(jnp.shape(leaves[i]))]  # (L, piece): the whole leaf
       for i in ids:
         shape = jnp.shape(leaves[i])
         out[i] = pieces[i].reshape(shape if self.axis[i] is None else _slice_shape(shape, self.axis[i], self.workers))
@@ -184,23 +179,13 @@ class Local:
     return jnp.moveaxis(a, axis, 0).reshape(self.workers, -1)
 
   def gather(self, parts: Sequence[jax.Array]) -> list[jax.Array]:
-    """The whole leaves from every device's slices (one all-gather per dtype); whole leaves as they are
-    (or retyped, see ``retype``)."""
+    """The whole leaves from every device's slices (one all-gather, :func:`jaxcomp.buckets.deliver`);
+    whole leaves as they are (or retyped, see ``retype``)."""
     out = self.same(parts)
-    groups: dict[Any, list[int]] = {}
-    for i, a in enumerate(parts):
-      if self.split[i]:
-        groups.setdefault(jnp.result_type(a), []).append(i)
-    for ids in groups.values():
-      flat = jnp.concatenate([parts[i].reshape(-1) for i in ids])
-      rows = parallel.all_gather(flat, self.within)  # (L, ·), row l from device l
-      start = 0
-      for i in ids:
-        shape, axis = parts[i].shape, self.axis[i]
-        n = core.size_of(shape)
-        block = rows[:, start:start + n].reshape((self.workers,) + shape)
-        out[i] = jnp.moveaxis(block, 0, axis).reshape(shape[:axis] + (shape[axis] * self.workers,) + shape[axis + 1:])
-        start += n
+    ids = [i for i, s in enumerate(self.split) if s]
+    for i, block in zip(ids, buckets.deliver([parts[i] for i in ids], "gather", self.within)):
+      shape, axis = parts[i].shape, self.axis[i]  # block: (L,) + shape, slice l from device l
+      out[i] = jnp.moveaxis(block, 0, axis).reshape(shape[:axis] + (shape[axis] * self.workers,) + shape[axis + 1:])
     return out
 
   def same(self, trees: Sequence[Any]) -> list[Any]:
