@@ -225,6 +225,9 @@ def base_config() -> ml_collections.ConfigDict:
   # workdir/plugins/profile, for TensorBoard's Profile tab; 0: no trace.
   c.trace_step = 0
   c.progress = True  # a progress bar on stderr
+  # True: also log each step's global L2 norms (gradient, update, error-feedback residual;
+  # experiments.step.NORMS), with log_every = 1 to see the step where a run goes wrong.
+  c.log_norms = False
 
   # -- several processes (experiments.train: jax.distributed.initialize) --
   c.distributed = distributed_config()

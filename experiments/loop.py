@@ -122,6 +122,8 @@ class _Log:
     self.history = list(start.history)
     columns = list(writers.CSV_DOC)
     extra = [k for k in jax.eval_shape(jaxcomp.metrics, run.state.opt_state) if k not in columns]
+    if run.config.get("log_norms", False):
+      extra += list(step_lib.NORMS)
     self.writer = (writers.CsvWriter(os.path.join(run.workdir, "metrics.csv"), columns + extra)
                    if is_writer() else None)
     c = run.config

@@ -87,6 +87,31 @@ def loss_and_grad(config, loss_fn, params, batch_stats, images, labels, key):
   return grads, loss, logits, new_vars
 
 
+def norms(grads, updates, opt_state, axes) -> dict[str, jax.Array]:
+  """One worker's global L2 norms of a step (``config.log_norms``; the columns of :data:`NORMS`).
+
+  They show where a compressed run parts from the float one: an update that
+  grows while the averaged gradient does not, or a residual that grows
+  without bound (error feedback that never catches up).
+  """
+  local = jaxcomp.core.WorkerLocal
+  residuals = [x.residual for x in jax.tree.leaves(opt_state, is_leaf=lambda x: isinstance(x, local))
+               if isinstance(x, local)]
+  return {"grad_norm": optax.tree.norm(grads),
+          "mean_grad_norm": optax.tree.norm(parallel.pmean(grads, axes)),
+          "update_norm": optax.tree.norm(updates),
+          "residual_norm": optax.tree.norm(residuals)}
+
+
+# The columns config.log_norms adds to metrics.csv (train rows: means over the row's steps).
+NORMS = {
+    "grad_norm": "‖g‖ of a worker's gradient (mean over workers)",
+    "mean_grad_norm": "‖mean of the workers' gradients‖ (what a float exchange would average)",
+    "update_norm": "‖update‖ the optimizer applied to the parameters (after exchange, momentum, LR)",
+    "residual_norm": "‖error-feedback residual‖ of a worker, over every compressed tensor (0 without)",
+}
+
+
 def make_train_step(config, model, tx, mesh, opt_state_template, num_classes, bn_template, *,
                     donate: bool = True):
   """Returns a jitted ``step(state, images[N,b,...], labels[N,b], key) -> (state, metrics)``.
@@ -110,6 +135,7 @@ def make_train_step(config, model, tx, mesh, opt_state_template, num_classes, bn
     grads, loss, logits, new_vars = loss_and_grad(config, loss_fn, jaxcomp.local_params(opt_state, params),
                                                   batch_stats, images, labels, key)
     updates, opt_state = tx.update(grads, opt_state, params)
+    extra = norms(grads, updates, opt_state, every) if config.get("log_norms", False) else {}
     params = optax.apply_updates(params, updates)
     if has_bn:
       if config.batch_norm_stats == "mean":
@@ -117,7 +143,7 @@ def make_train_step(config, model, tx, mesh, opt_state_template, num_classes, bn
       else:
         batch_stats = jax.tree.map(lambda a: a[0], parallel.all_gather(new_vars["batch_stats"], every))
     acc = jnp.mean(jnp.argmax(logits, -1) == labels)
-    return params, batch_stats, opt_state, {"loss": loss, "accuracy": acc}
+    return params, batch_stats, opt_state, {"loss": loss, "accuracy": acc, **extra}
 
   vworker = jax.vmap(worker, in_axes=(None, None, axes, 0, 0, None),
                      out_axes=(None, None, axes, 0), axis_name="workers")

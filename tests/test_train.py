@@ -14,6 +14,7 @@ import pytest
 from configs import terngrad_lenet
 from experiments import distributed
 from experiments import state
+from experiments import step
 from experiments import train
 from experiments import validation
 from experiments import writers
@@ -72,6 +73,25 @@ def test_tensorboard_events_hold_the_csv_rows_and_a_trace_is_taken(tmp_path):
       np.testing.assert_allclose(tagged, float(r[column]), rtol=1e-5, err_msg=f"{r['split']}/{column}")
   assert len({v for (tag, _), v in events.items() if tag == "train/loss"}) == 3  # three different losses
   assert glob.glob(os.path.join(tmp_path, "plugins", "profile", "*", "*.xplane.pb"))  # the trace of step 3
+
+
+def test_norms_of_every_step_are_logged(tmp_path):
+  """config.log_norms: float with plain SGD at a constant LR moves the parameters by LR·‖mean
+  gradient‖, which is at most the workers' mean ‖gradient‖; 1-bit SGD's residual shows."""
+  lr = 0.05
+  for name in ("none", "onebit"):
+    train.train_and_evaluate(_config(workers=4, num_train_steps=3, log_every=1, eval_every=3, compressor=name,
+                                     compressor_kwargs={}, optimizer="sgd", learning_rate=lr,
+                                     lr_schedule="constant", log_norms=True), str(tmp_path / name))
+    rows = [r for r in csv.DictReader(open(tmp_path / name / "metrics.csv")) if r["split"] == "train"]
+    assert [r["step"] for r in rows] == ["1", "2", "3"]
+    norms = {k: np.array([float(r[k]) for r in rows]) for k in step.NORMS}
+    assert np.all(norms["mean_grad_norm"] < norms["grad_norm"])  # 4 workers' different batches
+    if name == "none":
+      np.testing.assert_allclose(norms["update_norm"], lr * norms["mean_grad_norm"], rtol=1e-4)
+      assert np.all(norms["residual_norm"] == 0)
+    else:
+      assert np.all(norms["residual_norm"] > 0) and np.all(norms["update_norm"] > 0)
 
 
 def test_devices_and_vmap_layouts_give_the_same_run(tmp_path):
