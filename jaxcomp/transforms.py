@@ -519,6 +519,13 @@ def compress(
 
   def update_fn(updates, state, params=None, **extra_args):
     del params, extra_args
+    if not any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((updates, state))):
+      # Called eagerly (outside jit, vmap, shard_map): one compiled program instead of hundreds of
+      # operations dispatched one by one (6 s against 0.7 s for one small tensor).
+      return compiled_update(updates, state)
+    return update(updates, state)
+
+  def update(updates, state):
     p = plan(updates)
     check_gradients_vary(updates, parallel.axis_names(axis_name) + parallel.axis_names(within), compressor)
     residuals = p.treedef.flatten_up_to(state.local.residual)
@@ -611,6 +618,8 @@ def compress(
         shard=core.WorkerLocal(residual=p.treedef.unflatten(shards), metrics={}) if use_shard else None,
     )
     return p.treedef.unflatten(updates), new_state
+
+  compiled_update = jax.jit(update)
 
   def init_fn(params):
     p = plan(params)

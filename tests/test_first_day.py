@@ -68,6 +68,19 @@ def test_a_non_float_leaf_is_named_and_can_be_skipped():
   assert upd["step"] is g["step"]
 
 
+def test_an_eager_update_is_the_jitted_update():
+  """Outside jit the update runs as one compiled program, with the numbers of ``jax.jit(tx.update)``."""
+  g = {"w": jnp.linspace(-1.0, 1.0, 30).reshape(5, 6), "b": jnp.arange(3.0)}
+  tx = jaxcomp.onebit(seed=3)  # error feedback: the residual carries from step to step
+  eager, jitted = tx.init(g), tx.init(g)
+  for _ in range(2):
+    u_eager, eager = tx.update(g, eager)
+    u_jit, jitted = jax.jit(tx.update)(g, jitted)
+    for a, b in zip(jax.tree.leaves((u_eager, eager)), jax.tree.leaves((u_jit, jitted))):
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  assert float(jaxcomp.metrics(eager)["bytes_on_wire"]) == float(jaxcomp.metrics(jitted)["bytes_on_wire"]) > 0
+
+
 def test_metrics_says_why_it_has_nothing_to_report(tmp_path):
   with pytest.raises(ValueError, match="no compression transform"):
     jaxcomp.metrics(optax.adam(1e-3).init(PARAMS))
