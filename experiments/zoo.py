@@ -30,6 +30,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import math
 import os
@@ -84,6 +85,14 @@ class Zoo:
     self.throughput_json = os.path.join(self.dir, "throughput.json")
     self.link_json = os.path.join(self.dir, "link_steps.json")
 
+  def studies(self) -> dict[str, "Zoo"]:
+    """The tuning sweeps and the diagnoses of this zoo (``:tune``, ``:diagnose``); none for ``runlocal``."""
+    if "runlocal" in self.arg.split(","):
+      return {}
+    path = self.config_arg.partition(":")[0]
+    return {study: Zoo(f"{path}:{','.join(filter(None, [self.arg, study]))}", self.root)
+            for study in ("tune", "diagnose")}
+
   def names(self) -> list[str]:
     """Registered compressors that this sweep runs, in ``SETTINGS`` order."""
     seen = []
@@ -102,6 +111,10 @@ class Zoo:
 
   def row(self, name: str) -> dict:
     return self.module.SETTINGS[name]
+
+  def compressor(self, name: str) -> str:
+    """The registered compressor a row runs (a labelled row's, or the row's name)."""
+    return self.row(name).get("compressor", name) if name in self.module.SETTINGS else name
 
   def link_overrides(self, name: str) -> tuple[str, ...]:
     """The row's config overrides that the link timing keeps: the optimizer and its learning rate.
@@ -126,7 +139,7 @@ class Zoo:
     for k, v in kwargs.items():
       if ":" in repr(v) or "," in repr(v):
         raise ValueError(f"{name}: argument {k}={v!r} cannot be written as a link method")
-    return ":".join([name] + [f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}" for k, v in kwargs.items()])
+    return ":".join([self.compressor(name)] + [f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}" for k, v in kwargs.items()])
 
 
 # ----------------------------------------------------------------------------
@@ -134,7 +147,15 @@ class Zoo:
 
 
 def run_accuracy(zoo: Zoo) -> None:
-  """Runs the sweep in a subprocess; it prints progress and skips finished runs."""
+  """Runs the sweep, then its tuning sweeps and diagnoses (:meth:`Zoo.studies`), in subprocesses.
+
+  Each prints progress and skips finished runs.
+  """
+  for z in [zoo, *zoo.studies().values()]:
+    _sweep(z)
+
+
+def _sweep(zoo: Zoo) -> None:
   cmd = [sys.executable, "-m", "experiments.sweep", "--config", zoo.config_arg, "--root", zoo.root,
          "--checkpoint_every", "0"]
   print(f"[zoo] accuracy: {' '.join(cmd[1:])}", flush=True)
@@ -194,7 +215,7 @@ def run_throughput(zoo: Zoo, size: str, repeats: int, force: bool) -> None:
                 "backend": jax.default_backend(), "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
                 "results": []}
   done = {r["compressor"] for r in doc["results"]}
-  todo = [nm for nm in zoo.names() if nm in jaxcomp.REGISTRY and nm != "none" and nm not in done]
+  todo = [nm for nm in zoo.names() if zoo.compressor(nm) in jaxcomp.REGISTRY and nm != "none" and nm not in done]
   print(f"[zoo] throughput at n={n:,}: {len(todo)} to measure, {len(done)} in {zoo.throughput_json}",
         flush=True)
   if not todo:
@@ -204,7 +225,7 @@ def run_throughput(zoo: Zoo, size: str, repeats: int, force: bool) -> None:
   copy = jax.jit(lambda v: v * jnp.float32(2.0))
   for name in todo:
     kwargs = zoo.timing_kwargs(name)
-    r = throughput.bench_one(throughput.compressor_of(name, **kwargs), x, key, copy, repeats)
+    r = throughput.bench_one(throughput.compressor_of(zoo.compressor(name), **kwargs), x, key, copy, repeats)
     r.update(compressor=name, kwargs=kwargs, size=n, shape=list(x.shape), melem_per_s=n / r["total_s"] / 1e6,
              copy_melem_per_s=n / r["copy_s"] / 1e6, measured=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
     doc["results"].append(r)
@@ -370,7 +391,7 @@ def table(zoo: Zoo, rs: list[dict]) -> list[str]:
     link = f"{r['link_s']:.3f}" if r["link_s"] is not None else NOT_MEASURED
     speed = f"{r['link_speedup']:.2f}×" if r["link_speedup"] else "—"
     lines.append(f"| `{r['name']}` | {r['settings']} | {acc} | {spread} | {wire} | {ratio} | "
-                 f"{_throughput_text(r['name'], r['throughput'])} | {link} | {speed} | {r['paper']} |")
+                 f"{_throughput_text(zoo.compressor(r['name']), r['throughput'])} | {link} | {speed} | {r['paper']} |")
   return lines
 
 
@@ -467,12 +488,113 @@ def report(zoo: Zoo, out: str, plot_path: str) -> str:
     lines += [f"![accuracy against bytes]({rel})", ""] if drawn else []
   lines += table(zoo, rs) + [""]
   lines += _weak_runs(zoo)
+  lines += _findings(zoo, plot_path, out)
   lines += _provenance(zoo, rs, thr_doc, link_doc)
   text = "\n".join(lines).rstrip() + "\n"
   os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
   with open(out, "w") as f:
     f.write(text)
   return text
+
+
+def _study_runs(study: Zoo) -> dict[str, dict]:
+  """``<row>/<label>`` -> its summary and train rows (``metrics.csv``), for the finished runs of a study."""
+  out = {}
+  for name, _ in study.module.get_sweep(study.arg or None):
+    d = os.path.join(study.runs_dir, name)
+    summary = _load(os.path.join(d, "summary.json"))
+    if summary is not None:
+      with open(os.path.join(d, "metrics.csv")) as f:
+        train = [{k: float(v) for k, v in r.items() if k != "split" and v != ""}
+                 for r in csv.DictReader(f) if r["split"] == "train"]
+      out[name] = {"summary": summary, "train": train}
+  return out
+
+
+def _findings(zoo: Zoo, plot_path: str, out: str) -> list[str]:
+  """The rows changed by a measured finding: the finding, its diagnosis runs (table, plot) and sweeps."""
+  found = {n: r["finding"] for n, r in zoo.module.SETTINGS.items() if "finding" in r}
+  studies = zoo.studies()
+  if not found or not studies:
+    return []
+  diag, tune = studies["diagnose"], studies["tune"]
+  runs = _study_runs(diag)
+  lines = ["## Rows that did not learn at first: the cause, measured", "",
+           "Each finding comes from runs that log every step's norms (`config.log_norms`; "
+           f"`configs/zoo.py:diagnose`, seed 0, files under `{diag.runs_dir}/`): the row with the "
+           "settings it first had and with the change, beside float.", ""]
+  lines += [f"* `{n}`: {text}" for n, text in found.items()] + [""]
+  if runs:
+    drawn = _diagnosis_plot(runs, plot_path.replace(".png", "_diagnosis.png"))
+    if drawn:
+      rel = os.path.relpath(os.path.abspath(drawn), os.path.dirname(os.path.abspath(out)))
+      lines += [f"![norms of the diagnosis runs]({rel})", ""]
+    lines += ["| run | optimizer | test accuracy (%) | final training loss | largest ‖update‖ (step) | "
+              "‖residual‖ at the end |", "|---|---|---:|---:|---:|---:|"]
+    for name, r in runs.items():
+      s, train = r["summary"], r["train"]
+      top = max(train, key=lambda t: t["update_norm"])
+      lines.append(f"| `{name}` | {s['optimizer']}, LR {s['learning_rate']:g} | {100 * s['test_accuracy']:.2f} | "
+                   f"{s['final_train_loss']:.3g} | {top['update_norm']:.3g} ({top['step']:.0f}) | "
+                   f"{train[-1]['residual_norm']:.3g} |")
+    lines.append("")
+  lines += _tuning(tune)
+  return lines
+
+
+def _tuning(tune: Zoo, within: float = 5.0) -> list[str]:
+  """Each labelled row's sweep: accuracy per value, and the value the rule picks (the smallest
+  within ``within`` points of the best) against the one ``configs/zoo.py`` uses."""
+  runs = _study_runs(tune)
+  lines = []
+  for row, (key, values) in tune.module.TUNING.items():
+    done = [(v, runs[f"{row}/{key}={v}"]["summary"]) for v in values if f"{row}/{key}={v}" in runs]
+    if not done:
+      continue
+    best = max(100 * s["test_accuracy"] for _, s in done)
+    pick = min(v for v, s in done if 100 * s["test_accuracy"] >= best - within)
+    used = tune.module.SETTINGS[row]["kwargs"][key]
+    cells = ", ".join(f"{key} = {v:g}: {100 * s['test_accuracy']:.2f}%" for v, s in done)
+    agree = (f"`configs/zoo.py` uses {key} = {used:g}, as the rule picks" if used == pick else
+             f"**`configs/zoo.py` uses {key} = {used:g}; the committed sweep picks {pick:g}: update the row**")
+    lines += [f"**The sweep behind `{row}`** (seed 0, `configs/zoo.py:tune`, files under `{tune.runs_dir}/`): "
+              f"{cells}. The rule: the smallest {key} within {within:g} points of the best; {agree}"
+              + ("" if len(done) == len(values) else f" ({len(values) - len(done)} of the sweep's runs missing)")
+              + ".", ""]
+  return lines
+
+
+def _diagnosis_plot(runs: dict[str, dict], path: str) -> Optional[str]:
+  """‖update‖ (top) and ‖residual‖ (bottom) against the step, one column per diagnosed row, float dashed."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  rows = sorted({n.split("/")[0] for n in runs} - {"none"})
+  if not rows:
+    return None
+  fig, axes = plt.subplots(2, len(rows), figsize=(4.5 * len(rows), 6.5), squeeze=False, sharex=True)
+  for col, row in enumerate(rows):
+    for name, r in runs.items():
+      owner, label = name.split("/")
+      if owner not in (row, "none"):
+        continue
+      steps = [t["step"] for t in r["train"]]
+      style = dict(ls="--", lw=1, color="grey" if label == "momentum" else "black") if owner == "none" else {}
+      axes[0, col].plot(steps, [t["update_norm"] for t in r["train"]], label=f"{owner}, {label}", **style)
+      if owner != "none":
+        axes[1, col].plot(steps, [t["residual_norm"] for t in r["train"]], label=f"{owner}, {label}")
+    axes[0, col].set_title(row, fontsize=10)
+    for ax, what in zip(axes[:, col], ("‖update‖", "‖error-feedback residual‖")):
+      ax.set_yscale("log")
+      ax.set_ylabel(what)
+      ax.grid(alpha=0.3, which="both")
+      ax.legend(fontsize=7)
+    axes[1, col].set_xlabel("step")
+  fig.tight_layout()
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+  return path
 
 
 def _weak_runs(zoo: Zoo, below: float = 0.5) -> list[str]:

@@ -16,13 +16,37 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_every_registered_compressor_has_a_settings_row():
-  # The zoo is every registered compressor, and nothing else.
+  # A row named after every registered compressor (its paper's settings), and labelled rows
+  # "<compressor>.<label>" of registered compressors, each with its committed sweep.
   missing = set(jaxcomp.names()) - set(zoo_config.SETTINGS)
   assert not missing, f"add a SETTINGS row to configs/zoo.py for {sorted(missing)}"
-  assert set(zoo_config.SETTINGS) == set(jaxcomp.names())
   for name, r in zoo_config.SETTINGS.items():
     assert isinstance(r["kwargs"], dict) and r["paper"], name
-    assert set(r) <= {"kwargs", "config", "paper", "timing"}, name
+    assert set(r) <= {"kwargs", "config", "paper", "timing", "compressor", "finding"}, name
+    if name not in jaxcomp.names():
+      assert name.startswith(r["compressor"] + ".") and r["compressor"] in jaxcomp.names(), name
+      key, values = zoo_config.TUNING[name]
+      assert r["kwargs"][key] in values, name
+  assert set(zoo_config.DIAGNOSES) <= set(zoo_config.SETTINGS)
+
+
+def test_rows_with_error_feedback_run_their_papers_optimizer():
+  """Momentum on top of error feedback made random-k (Stich et al.'s Alg. 1 is plain SGD) and
+  adaptive quantization (Dryden et al. train with AdaGrad) diverge in the zoo: their rows run
+  their papers' optimizers, and the diagnoses compare against TG-F3's."""
+  base = zoo_config.get_config()
+  assert zoo_config.TG_F3_OPTIMIZER == {"optimizer": base.optimizer, "learning_rate": base.learning_rate}
+  assert zoo_config.overrides("randomk", 0)["optimizer"] == "sgd"
+  for name in ("threshold", "adaptive", "threshold.tuned"):
+    o = zoo_config.overrides(name, 0)
+    assert (o["optimizer"], o["learning_rate"]) == ("adagrad", 0.005), name
+  diagnose = dict(zoo_config.get_sweep("diagnose"))
+  assert diagnose["randomk/momentum"]["optimizer"] == "momentum"
+  assert diagnose["adaptive/momentum"]["learning_rate"] == base.learning_rate
+  assert zoo_config.get_config("diagnose").log_norms and zoo_config.get_config("diagnose").log_every == 1
+  tune = dict(zoo_config.get_sweep("tune"))
+  key, values = zoo_config.TUNING["threshold.tuned"]
+  assert [tune[f"threshold.tuned/{key}={v}"]["compressor_kwargs"][key] for v in values] == list(values)
 
 
 @pytest.mark.parametrize("name", zoo_config.registered())
@@ -30,7 +54,7 @@ def test_settings_build_each_registered_compressor(name):
   """The row's kwargs are ones the factory accepts (experiments.train passes them the same way)."""
   r = zoo_config.SETTINGS[name]
   kwargs = {} if name == "none" else dict(r["kwargs"], min_size=r.get("config", {}).get("min_size", 0))
-  tx = jaxcomp.make_optimizer(name, optax.sgd(0.1), axis_name=None, **kwargs)
+  tx = jaxcomp.make_optimizer(zoo_config.compressor_of(name), optax.sgd(0.1), axis_name=None, **kwargs)
   assert tx.init({"w": jax_zeros((4, 3))}) is not None
   c = zoo_config.get_config()
   for key in r.get("config", {}):
@@ -48,7 +72,7 @@ def test_sweep_takes_registered_names_at_run_time(monkeypatch):
   monkeypatch.setitem(zoo_config.SETTINGS, "not_registered_yet", {"kwargs": {"no_such": 1}, "paper": "x"})
   sweep = zoo_config.get_sweep()
   names = {n.split("/")[0] for n, _ in sweep}
-  assert names == set(jaxcomp.names())
+  assert names == set(zoo_config.SETTINGS) - {"not_registered_yet"}
   assert len(sweep) == len(names) * len(zoo_config.SEEDS)
   by_name = dict(sweep)
   assert by_name["qsgd/seed2"] == {"compressor": "qsgd", "seed": 2, "min_size": 10_000,
@@ -76,7 +100,7 @@ def test_link_methods_carry_the_settings(name):
   expected = {**r["kwargs"], **r.get("timing", {})}
   if "min_size" in r.get("config", {}):
     expected["min_size"] = r["config"]["min_size"]
-  assert link.method_spec(z.method(name)) == (name, expected)
+  assert link.method_spec(z.method(name)) == (zoo_config.compressor_of(name), expected)
 
 
 def test_link_timing_keeps_the_rows_optimizer():
@@ -130,3 +154,41 @@ def test_runlocal_runs_then_reports_from_files_alone(tmp_path, monkeypatch, capf
   assert numbers(tg["encode+decode (vs float32 copy)"])[0] == round(thr["results"][0]["melem_per_s"])
   assert "clip_sigma=2.5" in tg["settings"]
   assert (tmp_path / "zoo.png").stat().st_size > 0
+
+
+def _fake_run(workdir, accuracy, norms=((1.0, 0.5), (2.0, 0.25))):
+  """A finished run's files as the report reads them: summary.json and train rows with norms."""
+  os.makedirs(workdir)
+  with open(os.path.join(workdir, "summary.json"), "w") as f:
+    json.dump({"test_accuracy": accuracy, "final_train_loss": 1.5, "optimizer": "adagrad",
+               "learning_rate": 0.005}, f)
+  with open(os.path.join(workdir, "metrics.csv"), "w") as f:
+    f.write("step,split,loss,update_norm,residual_norm,bits_per_byte\n")
+    f.writelines(f"{k + 1},train,1.0,{u},{r},\n" for k, (u, r) in enumerate(norms))
+    f.write(f"{len(norms)},test,1.0,,,\n")
+
+
+def test_findings_sweeps_and_diagnoses_are_reported_from_their_files(tmp_path):
+  z = zoo.Zoo("configs/zoo.py", str(tmp_path))
+  studies = z.studies()
+  tuned = "threshold.tuned"
+  key, values = zoo_config.TUNING[tuned]
+  accuracy = dict(zip(values, (0.10, 0.30, 0.70, 0.72, 0.74, 0.60)))  # best 74: within 5 points from 0.01 on
+  for v in values:
+    _fake_run(os.path.join(studies["tune"].runs_dir, f"{tuned}/{key}={v}"), accuracy[v])
+  for name, _ in zoo_config.get_sweep("diagnose"):
+    _fake_run(os.path.join(studies["diagnose"].runs_dir, name), 0.5, norms=((0.1, 3.0), (7.0, 40.0), (0.2, 9.0)))
+  lines = zoo._findings(z, str(tmp_path / "zoo.png"), str(tmp_path / "zoo.md"))
+  text = "\n".join(lines)
+  for name, r in zoo_config.SETTINGS.items():
+    assert ("finding" in r) == (r.get("finding", "") in text and f"* `{name}`:" in text), name
+  diagnosis = table(text, "run", "largest ‖update‖ (step)")
+  assert len(diagnosis) == len(zoo_config.get_sweep("diagnose"))
+  r = row(diagnosis, run="`randomk/momentum`")
+  assert r["largest ‖update‖ (step)"] == "7 (2)" and r["‖residual‖ at the end"] == "9"
+  assert (tmp_path / "zoo_diagnosis.png").stat().st_size > 0
+  picked = 0.01
+  used = zoo_config.SETTINGS[tuned]["kwargs"][key]
+  assert f"{key} = 0.1: 74.00%" in text
+  assert (f"uses {key} = {used:g}, as the rule picks" in text) == (used == picked)
+  assert (f"the committed sweep picks {picked:g}: update the row" in text) == (used != picked)
