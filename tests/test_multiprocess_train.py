@@ -1,8 +1,8 @@
 """experiments.train over several processes (jax.distributed on loopback, gloo collectives).
 
 * 2 processes x 4 devices train like 1 process x 8 (this process,
-  ``conftest.py``): same config and seed, for the float baseline, TernGrad
-  (hierarchical: 2 hosts) and 1-bit SGD (error feedback); the final checkpoints
+  ``conftest.py``): same config and seed, for TernGrad (hierarchical: 2 hosts)
+  and 1-bit SGD (error feedback); the final checkpoints
   (parameters, optimizer state with the residuals, EMA) agree to 1e-6.
 * A process SIGKILLed after a checkpoint stops the run (its peer fails fast,
   within the heartbeat timeout); restarted, the run resumes from that

@@ -8,10 +8,11 @@ import ml_collections
 
 from configs import terngrad_lenet
 
-# compressor name -> its arguments: the float baseline, TernGrad (stochastic,
-# scalar sharing), and 1-bit SGD (error feedback: a worker-local residual).
+# compressor name -> its arguments: TernGrad (stochastic, scalar sharing; its float
+# reduce-scatter inside a host) and 1-bit SGD (error feedback: a worker-local residual).
+# Float across processes: tests/test_multiprocess.py (DiLoCo's float pseudo-gradients) and
+# tests/test_launch.py.
 COMPRESSORS = {
-    "none": {},
     "terngrad": {"clip_sigma": 2.5},
     "onebit": {},
 }
