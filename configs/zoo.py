@@ -22,7 +22,11 @@ where a compressor's paper keeps small tensors in float (``min_size``: QSGD
 §5, "We will not quantize ... layers with fewer than 10K parameters"). The
 optimizer after the exchange is TG-F3's, except where a row's paper sets its
 own (sign-based updates; DGC, whose momentum correction replaces the optimizer's
-momentum; 1-bit Adam, which is the optimizer): see each row's ``config``.
+momentum; 1-bit Adam, which is the optimizer; random-k with memory, Stich et al.'s
+plain SGD; Dryden et al.'s threshold and adaptive quantization, AdaGrad with LR
+0.005): see each row's ``config``. Rows whose first settings did not learn carry
+the measured cause (``"finding"``, from :data:`DIAGNOSES`), and a labelled row
+(:data:`TUNING`) where the cause is the method's setting rather than ours.
 
 Run::
 

@@ -468,7 +468,9 @@ def report(zoo: Zoo, out: str, plot_path: str) -> str:
       "compressor's paper keeps small tensors in float (`min_size`). The optimizer is TG-F3's unless "
       "the row's settings name another: sign updates move every weight by ± the learning rate, so "
       "they take plain SGD with their own rate; DGC's momentum correction replaces the optimizer's "
-      "momentum; 1-bit Adam is the optimizer itself.",
+      "momentum; 1-bit Adam is the optimizer itself; random-k with memory runs Stich et al.'s plain SGD "
+      "and Dryden et al.'s threshold and adaptive quantization their AdaGrad (LR 0.005), because momentum "
+      "on top of their error feedback diverged (below).",
       "",
       "**Columns.** Test accuracy: mean over the seeds; spread: sample standard deviation and "
       "min–max. Bytes: what one worker sends per step (`mean_bytes_on_wire` of the run, averaged "
