@@ -1,7 +1,7 @@
 """Every model and every registered compressor trains a few steps through experiments.train.
 
-8 workers (one per host device here), real offline data; AlexNet and GoogLeNet
-are exercised by their experiment configs' tests. The compressors train the
+8 workers (one per host device here), real offline data; CifarNet, the CIFAR
+ResNets, AlexNet and GoogLeNet are exercised by their experiment configs' tests. The compressors train the
 small MLP: what is checked is each one's way through experiments.train, and
 compiling LeNet's convolutions for each of them took two to three times as
 long (convolution kernels' shapes are the compressors' own tests').
@@ -39,10 +39,10 @@ def _overrides(**overrides):
   return {k: v for k, v in overrides.items() if base.get(k) != v}
 
 
+# The others train in tests/test_configs_terngrad.py (TG-T1's CifarNet, AlexNet, GoogLeNet) and
+# tests/test_reports_threelc_qsgd.py (3LC-T1's and QSGD-T1's ResNets, batch norm from worker 0).
 MODELS = {
     "lenet": {},
-    "cifarnet": dict(image_size=32, channels=3, augment="cifarnet"),
-    "resnet20": dict(image_size=32, channels=3, augment="cifar_resnet", batch_norm_stats="worker0"),
     "mlp": dict(model="mlp", model_kwargs={"hidden": (32,)}),
 }
 
