@@ -69,7 +69,7 @@ LINK_RATE = "100mbit"
 SIGN_LR = 1e-3
 
 
-# Dryden et al. (MLHPC 2016) §4.1 train with AdaGrad, LR 0.005 (configs/dryden_mlp.py): the
+# Dryden et al. (MLHPC 2016) §4 train with AdaGrad, LR 0.005 (configs/dryden_mlp.py): the
 # threshold and adaptive rows' optimizer. TG-F3's, for the diagnoses that compare against it:
 DRYDEN_OPTIMIZER = {"optimizer": "adagrad", "learning_rate": 0.005}
 TG_F3_OPTIMIZER = {"optimizer": "momentum", "learning_rate": 0.01}
@@ -128,7 +128,7 @@ SETTINGS: dict[str, dict] = {
                  "paper": "PowerSGD (Vogels et al., NeurIPS 2019, arXiv:1905.13727): rank 2 as in its CIFAR-10 "
                           "comparisons, warm start, error feedback"},
     "threshold": {"kwargs": {"tau": 0.001, "capacity": 1 / 32}, "config": DRYDEN_OPTIMIZER,
-                  "paper": "Dryden et al. (MLHPC 2016) §3.2: fixed threshold τ = 0.001, and §4.1's optimizer, "
+                  "paper": "Dryden et al. (MLHPC 2016) §3.2: fixed threshold τ = 0.001, and §4's optimizer, "
                            "AdaGrad with LR 0.005 (configs/dryden_mlp.py)",
                   "finding": ("τ = 0.001 is far below LeNet's accumulated updates here: most values are over τ at every "
                              "step but only the capacity's 1/32 are sent, each as ±τ, so the update stays one to "
@@ -141,7 +141,7 @@ SETTINGS: dict[str, dict] = {
                                  "smallest τ within 5 points of the sweep's best); Dryden et al. give no τ for "
                                  "other models (\"requires a carefully-chosen threshold\")"},
     "adaptive": {"kwargs": {"proportion": 1 / 64, "sample": 128, "capacity": 1 / 32}, "config": DRYDEN_OPTIMIZER,
-                 "paper": "Dryden et al. (MLHPC 2016) §3.3: proportion π = 1/64, 128 samples, and §4.1's "
+                 "paper": "Dryden et al. (MLHPC 2016) §3.3: proportion π = 1/64, 128 samples, and §4's "
                           "optimizer, AdaGrad with LR 0.005 (configs/dryden_mlp.py)",
                  "finding": ("Run first with TG-F3's momentum 0.9 on top of its error feedback, seed 0 learned, then "
                             "its update grew by more than an order of magnitude while float's shrank, and the run ended at chance. "
