@@ -94,9 +94,7 @@ def norms(grads, updates, opt_state, axes) -> dict[str, jax.Array]:
   grows while the averaged gradient does not, or a residual that grows
   without bound (error feedback that never catches up).
   """
-  local = jaxcomp.core.WorkerLocal
-  residuals = [x.residual for x in jax.tree.leaves(opt_state, is_leaf=lambda x: isinstance(x, local))
-               if isinstance(x, local)]
+  residuals = [x.residual for x in jaxcomp.core.worker_locals(opt_state)]
   return {"grad_norm": optax.tree.norm(grads),
           "mean_grad_norm": optax.tree.norm(parallel.pmean(grads, axes)),
           "update_norm": optax.tree.norm(updates),

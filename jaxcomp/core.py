@@ -322,3 +322,9 @@ class WorkerLocal(NamedTuple):
 
   residual: Any  # params-shaped; optax.MaskedNode() where there is none
   metrics: dict[str, Count]  # this worker's counters of the last update (see jaxcomp.metrics)
+
+
+def worker_locals(tree: Any) -> list[WorkerLocal]:
+  """Every :class:`WorkerLocal` in an optimizer state (a chain, ``masked`` or nested states)."""
+  return [x for x in jax.tree.leaves(tree, is_leaf=lambda x: isinstance(x, WorkerLocal))
+          if isinstance(x, WorkerLocal)]

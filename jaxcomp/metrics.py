@@ -67,11 +67,7 @@ def metrics(opt_state: Any) -> dict[str, Union[Count, jax.Array]]:
   one that lost its structure (a checkpoint restored without a target, where
   NamedTuples come back as lists and dicts).
   """
-  found = [
-      x.metrics
-      for x in jax.tree.leaves(opt_state, is_leaf=lambda x: isinstance(x, core.WorkerLocal))
-      if isinstance(x, core.WorkerLocal)
-  ]
+  found = [x.metrics for x in core.worker_locals(opt_state)]
   traced = any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(found))
   out = _combine(found) if traced else _combine_jit(found)
   if "float32_bytes" not in out:
