@@ -30,7 +30,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import math
 import os
@@ -501,15 +500,13 @@ def report(zoo: Zoo, out: str, plot_path: str) -> str:
 
 def _study_runs(study: Zoo) -> dict[str, dict]:
   """``<row>/<label>`` -> its summary and train rows (``metrics.csv``), for the finished runs of a study."""
+  from experiments import plots  # pylint: disable=g-import-not-at-top  (matplotlib: only for reports)
   out = {}
   for name, _ in study.module.get_sweep(study.arg or None):
     d = os.path.join(study.runs_dir, name)
     summary = _load(os.path.join(d, "summary.json"))
     if summary is not None:
-      with open(os.path.join(d, "metrics.csv")) as f:
-        train = [{k: float(v) for k, v in r.items() if k != "split" and v != ""}
-                 for r in csv.DictReader(f) if r["split"] == "train"]
-      out[name] = {"summary": summary, "train": train}
+      out[name] = {"summary": summary, "train": plots.read_metrics(d)["train"]}
   return out
 
 
