@@ -75,7 +75,7 @@ def state_shardings(mesh: jax.sharding.Mesh, state: TrainState) -> TrainState:
   return TrainState(
       repl, jax.tree.map(lambda _: repl, state.params),
       jax.tree.map(lambda _: repl, state.batch_stats),
-      jax.tree.map(lambda s: NamedSharding(mesh, s), parallel.worker_specs(state.opt_state, mesh.axis_names)),
+      parallel.worker_shardings(state.opt_state, mesh, mesh.axis_names),
       jax.tree.map(lambda _: repl, state.ema_params))
 
 

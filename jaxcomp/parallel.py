@@ -571,6 +571,18 @@ def worker_specs(state: Any, axis: Union[str, tuple[str, ...]]) -> Any:
   return jax.tree.map(spec, state, is_leaf=_is_local)
 
 
+def worker_shardings(state: Any, mesh: Any, axis: Union[str, tuple[str, ...]]) -> Any:
+  """``NamedSharding`` s of ``state`` on ``mesh`` as :func:`worker_specs` lays it out.
+
+  ``jax.device_put(state, worker_shardings(state, mesh, axis))`` before the
+  first step gives the state the layout a jitted ``shard_map`` step returns
+  it in. A state straight from ``init`` sits on one device, a layout of its
+  own: the step would compile once for it and again for every later step.
+  """
+  from jax.sharding import NamedSharding
+  return jax.tree.map(lambda s: NamedSharding(mesh, s), worker_specs(state, axis))
+
+
 def replicate_workers(state: Any, num_workers: int) -> Any:
   """Gives every worker-local leaf a leading axis of ``num_workers`` (checked as :func:`worker_axes`)."""
   _check_wrappers(state)

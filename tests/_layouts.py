@@ -7,6 +7,7 @@ check that by declaring them unmapped) and the worker-local state batched.
 """
 
 import jax
+import numpy as np
 from jax.sharding import PartitionSpec as P
 
 import jaxcomp
@@ -15,6 +16,23 @@ from jaxcomp import parallel
 
 def _mesh(n):
   return jax.make_mesh((n,), ("d",), axis_types=(jax.sharding.AxisType.Auto,), devices=jax.devices()[:n])
+
+
+def on_mesh(step, mesh, axis, state_template):
+  """``step(grads, state)`` with the state first laid out as the step returns it.
+
+  A state straight from ``init`` sits on one device and the step returns it
+  split over ``mesh``: two input shardings, so the jitted step would compile
+  twice, for its first call and again for every later one. Laid out up front
+  (``device_put`` of an array already laid out so is free), it compiles once.
+  """
+  shardings = parallel.worker_shardings(state_template, mesh, axis)
+
+  def placed(grads, state):
+    return step(grads, jax.device_put(state, shardings))
+
+  placed.lower = lambda grads, state: step.lower(grads, jax.device_put(state, shardings))
+  return placed
 
 
 def make_runners(make_tx, n_workers):
@@ -33,7 +51,11 @@ def make_runners(make_tx, n_workers):
     def pmap_runner(state):
       tx = make_tx("w")
       axes = parallel.worker_axes(state)
-      return jax.pmap(tx.update, axis_name="w", in_axes=(0, axes), out_axes=(None, axes))
+      # pmap is a shard_map over a mesh of these devices, axis "w" (JAX 0.10).
+      mesh = jax.sharding.Mesh(np.array(jax.devices()[:n_workers]), ("w",),
+                               axis_types=(jax.sharding.AxisType.Auto,))
+      step = jax.pmap(tx.update, axis_name="w", in_axes=(0, axes), out_axes=(None, axes))
+      return on_mesh(step, mesh, "w", state)
 
     def shard_map_runner(state):
       tx = make_tx("d")
@@ -46,7 +68,7 @@ def make_runners(make_tx, n_workers):
         return upd, parallel.expand_workers(s2)
 
       f = jax.shard_map(per_device, mesh=mesh, in_specs=(P("d"), specs), out_specs=(P(), specs))
-      return jax.jit(f)
+      return on_mesh(jax.jit(f), mesh, "d", state)
 
     def shard_map_vmap_runner(state):
       # Half the workers per device: vmap over "w" inside shard_map over "d".
@@ -57,7 +79,7 @@ def make_runners(make_tx, n_workers):
       axes = parallel.worker_axes(state)
       inner = jax.vmap(tx.update, in_axes=(0, axes), out_axes=(None, axes), axis_name="w")
       f = jax.shard_map(inner, mesh=mesh, in_specs=(P("d"), specs), out_specs=(P(), specs), check_vma=False)
-      return jax.jit(f)
+      return on_mesh(jax.jit(f), mesh, "d", state)
 
     runners["pmap"] = pmap_runner
     runners["shard_map"] = shard_map_runner
@@ -112,16 +134,9 @@ def run_layouts(make_tx, params, grads_fn, n_workers, steps=2):
   return results
 
 
-def vmap_update(tx, grads, state):
-  """``tx.update`` jitted over a ``"w"`` worker axis (updates unbatched, worker-local state batched)."""
-  axes = parallel.worker_axes(state)
-  return jax.jit(jax.vmap(tx.update, in_axes=(0, axes), out_axes=(None, axes), axis_name="w"))(grads, state)
-
-
 def assert_error_feedback_conserves(tx, workers=4, steps=12, shape=(6, 9)):
   """Per worker, Σ own decodes + the final residual = Σ inputs, so the Σ of updates is the mean of
   (Σ inputs − residual); checked over ``steps`` updates of Gaussian gradients of growing scale."""
-  import numpy as np  # pylint: disable=g-import-not-at-top
   state = parallel.replicate_workers(tx.init(jax.numpy.zeros(shape)), workers)
   total_in, total_upd = jax.numpy.zeros((workers,) + shape), jax.numpy.zeros(shape)
   for t in range(steps):

@@ -15,6 +15,8 @@ from jaxcomp import buckets
 from jaxcomp import layout
 from jaxcomp import parallel
 
+from _layouts import on_mesh
+
 N = 4  # workers: shard_map over 4 devices, or 2 devices with 2 vmap workers each
 
 
@@ -82,8 +84,9 @@ def _shard_map_vmap(tx):
     specs = parallel.worker_specs(state, "d")
     axes = parallel.worker_axes(state)
     inner = jax.vmap(tx.update, in_axes=(0, axes), out_axes=(None, axes), axis_name="w")
-    return jax.jit(jax.shard_map(inner, mesh=_mesh(N // 2), in_specs=(P("d"), specs),
-                                 out_specs=(P(), specs), check_vma=False))
+    mesh = _mesh(N // 2)
+    return on_mesh(jax.jit(jax.shard_map(inner, mesh=mesh, in_specs=(P("d"), specs),
+                                         out_specs=(P(), specs), check_vma=False)), mesh, "d", state)
   return build
 
 
@@ -95,7 +98,9 @@ def _shard_map(tx):
     def per_device(g, s):
       upd, s2 = tx.update(jax.tree.map(lambda a: a[0], g), parallel.worker_slice(s, 0))
       return upd, parallel.expand_workers(s2)
-    return jax.jit(jax.shard_map(per_device, mesh=_mesh(N), in_specs=(P("d"), specs), out_specs=(P(), specs)))
+    mesh = _mesh(N)
+    return on_mesh(jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=(P("d"), specs), out_specs=(P(), specs))),
+                   mesh, "d", state)
   return build
 
 

@@ -15,6 +15,8 @@ import jaxcomp
 from jaxcomp import core
 from jaxcomp import parallel
 
+from _layouts import on_mesh
+
 H, L = 2, 4
 AXES = ("hosts", "local")
 # Split along the last axis that L divides ("head": its first); "bias" (10) and the scalar are
@@ -44,7 +46,9 @@ def _runner(tx, state):
     upd, s2 = tx.update(jax.tree.map(lambda a: a[0], g), parallel.worker_slice(s, 0))
     return upd, parallel.expand_workers(s2)
 
-  return jax.jit(jax.shard_map(per_device, mesh=_mesh(), in_specs=(P(AXES), specs), out_specs=(P(), specs)))
+  mesh = _mesh()
+  return on_mesh(jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=(P(AXES), specs), out_specs=(P(), specs))),
+                 mesh, AXES, state)
 
 
 def _hierarchical(name, steps, **kwargs):
@@ -74,8 +78,9 @@ def _by_hand(name, steps, **kwargs):
     whole = {k: _join(u, k, name) for k, u in upd.items()}
     return whole, parallel.expand_workers(s2)
 
-  step = jax.jit(jax.shard_map(per_device, mesh=_mesh(), in_specs=(P(AXES), specs), out_specs=(P(), specs),
-                               check_vma=False))
+  mesh = _mesh()
+  step = on_mesh(jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=(P(AXES), specs), out_specs=(P(), specs),
+                                       check_vma=False)), mesh, AXES, state)
   outs = []
   for t in range(steps):
     upd, state = step(_grads(t), state)

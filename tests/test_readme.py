@@ -51,8 +51,12 @@ def _run(blocks, tmp_path):
 def test_readme_python_blocks_run_as_one_program(tmp_path):
   blocks = _blocks("python")
   assert len(blocks) >= 2, "the Use example and the shard_map example"
+  # The shard_map example's step compiles once: its inputs start as its outputs are laid out.
+  i = next(i for i, b in enumerate(blocks) if "over {mesh.size} devices" in b)
+  blocks[i] += '\nprint(f"shard_map step compiled {step._cache_size()} time(s)")'
   out = _run(blocks, tmp_path)
-  lines = out.stdout.strip().splitlines()
+  assert "shard_map step compiled 1 time(s)" in out.stdout, out.stdout
+  lines = [l for l in out.stdout.strip().splitlines() if " step compiled " not in l]
   # The vmap example: the toy task is learnt and the wire is about 16x smaller (2-bit codes).
   m = re.match(r"loss ([\d.]+), (\d+) bytes on the wire instead of (\d+) \(([\d.]+)x\)", lines[0])
   assert m, out.stdout
@@ -77,8 +81,11 @@ def test_readme_nnx_and_wrapper_blocks_run(tmp_path):
   use = _section("Use")
   blocks = _blocks("python", use)[:1] + _blocks("python", use.split("### Flax NNX\n", 1)[1])
   assert len(blocks) == 4, "the Use example, NNX under vmap and shard_map, multi_steps"
+  # blocks[2] is NNX under shard_map: its step compiles once (its inputs laid out as its outputs).
+  blocks[2] += '\nprint(f"nnx shard_map step compiled {step._cache_size()} time(s)")'
   out = _run(blocks, tmp_path)
-  lines = out.stdout.strip().splitlines()[1:]  # after the Use example's line
+  assert "nnx shard_map step compiled 1 time(s)" in out.stdout, out.stdout
+  lines = [l for l in out.stdout.strip().splitlines() if " step compiled " not in l][1:]  # after the Use example's
   # nnx.Optimizer under nnx.vmap learns the toy task (chance is log 10), with 2-bit codes ...
   m = re.fullmatch(r"nnx vmap: loss ([\d.]+), ([\d.]+)x", lines[0])
   assert m and float(m[1]) < 0.5 * np.log(10) and 10 < float(m[2]) < 16, out.stdout
