@@ -108,9 +108,20 @@ def test_two_phase_training_sweeps():
                                         for d in ("float", "terngrad", "terngrad_two_phase")]
   two = [r for r in lenet if r["name"].endswith("two_phase")]
   assert all(r["overrides"]["compressor_kwargs"] == {"clip_sigma": 2.5, "exchange": "two_phase"} for r in two)
-  (resnet,) = sweep.plan("configs/two_phase_training.py:resnet", "/tmp/unused")
-  assert resnet["overrides"]["compressor_kwargs"]["exchange"] == "two_phase"
-  assert "configs/two_phase_training.py:resnet" in resnet["cmd"]
+  resnet = {r["name"]: r for r in sweep.plan("configs/two_phase_training.py:resnet", "/tmp/unused")}
+  assert set(resnet) == {"3lc_s1.00_two_phase", "3lc_s1.00_two_phase.warmup15", "3lc_s1.00_two_phase.warmup30",
+                         "3lc_s1.00.warmup30"}
+  assert resnet["3lc_s1.00_two_phase"]["overrides"]["compressor_kwargs"]["exchange"] == "two_phase"
+  assert all("configs/two_phase_training.py:resnet" in r["cmd"] for r in resnet.values())
+  # The labelled rows: the paper-settings designs (the two-phase row, 3LC-T1's all-gather row)
+  # with a warm-up and nothing else changed.
+  from configs import threelc_resnet110  # pylint: disable=g-import-not-at-top
+  plain = {"3lc_s1.00_two_phase": resnet["3lc_s1.00_two_phase"]["overrides"],
+           "3lc_s1.00": threelc_resnet110.DESIGNS["3lc_s1.00"][1]}
+  for name, run in resnet.items():
+    if ".warmup" in name:
+      base, w = name.split(".warmup")
+      assert run["overrides"] == {**plain[base], "lr_warmup_steps": int(w)}, name
 
 
 def test_train_clock_counts_only_training():

@@ -259,3 +259,56 @@ def test_two_phase_resnet_rows_give_no_delta_across_different_steps(tmp_path):
   assert delta(same) == "-2.00" and delta(other) == "—"
   assert not any("different numbers of steps" in l for l in same)
   assert any("different numbers of steps" in l for l in other)
+
+
+def test_two_phase_finding_is_read_from_the_runs(tmp_path):
+  """The TWO-PHASE finding quotes the runs' early losses, first evaluation and the warm-up rows."""
+  from experiments.reports import two_phase  # pylint: disable=g-import-not-at-top
+
+  def run(name, acc, loss10, loss30, first_eval):
+    d = tmp_path / name
+    d.mkdir()
+    (d / "metrics.csv").write_text("step,split,loss,accuracy\n"
+                                   f"10,train,{loss10},0.1\n20,train,2.0,0.2\n30,train,{loss30},0.3\n"
+                                   f"150,test,1.0,{first_eval}\n")
+    return {"workdir": str(d), "summary": {"test_accuracy": acc, "steps": 600, "workers": 10}}
+
+  t1 = {"3lc_s1.00": run("ag", 0.8591, 2.51, 1.38, 0.7165)}
+  runs = {"3lc_s1.00_two_phase": run("tp", 0.8129, 2.83, 1.97, 0.5476),
+          "3lc_s1.00_two_phase.warmup15": run("tp15", 0.8450, 2.5, 1.6, 0.6),
+          "3lc_s1.00_two_phase.warmup30": run("tp30", 0.8648, 2.44, 1.47, 0.69),
+          "3lc_s1.00.warmup30": run("agw", 0.8585, 2.43, 1.66, 0.68)}
+  cfg = two_phase._cfg()  # pylint: disable=protected-access
+  assert cfg.RESNET_WARMUPS == (15, 30) and cfg.RESNET_CONTROL_WARMUP == 30
+  text = " ".join(two_phase.resnet_finding(cfg, runs, t1))
+  assert "steps 1–10 2.83 against the all-gather's 2.51" in text
+  assert "steps 21–30 1.97 against 1.38" in text
+  assert "test accuracy at step 150: 54.8 % against 71.7 %" in text
+  assert "15 steps 84.50 %, 30 steps 86.48 %" in text
+  # 84.50 is 1.41 points below 85.91: the pick is the next one.
+  assert "The smallest within 1 point of the all-gather row (85.91 %) is **30 steps: 86.48 %**" in text
+  assert "control, reaches 85.85 %" in text
+  runs["3lc_s1.00_two_phase.warmup30"]["summary"]["test_accuracy"] = 0.84
+  assert "**None is within 1 point" in " ".join(two_phase.resnet_finding(cfg, runs, t1))
+  # Without the sweep's runs there is no finding to state.
+  assert two_phase.resnet_finding(cfg, {"3lc_s1.00_two_phase": runs["3lc_s1.00_two_phase"]}, t1) == []
+
+
+def test_evaluations_far_below_training_are_named(tmp_path):
+  """A design at chance on the test set while it fits its training batches is reported, with its end."""
+  from experiments.reports import threelc  # pylint: disable=g-import-not-at-top
+
+  def run(name, rows):
+    d = tmp_path / name
+    d.mkdir()
+    (d / "metrics.csv").write_text("step,split,loss,accuracy\n" + "".join(f"{r}\n" for r in rows))
+    return {"workdir": str(d), "summary": {"test_accuracy": 0.8}}
+
+  runs = {"mqe_1bit": run("mqe", ["150,train,1.0,0.657", "150,test,12.8,0.1005",
+                                  "600,train,0.5,0.803", "600,test,0.5,0.8132"]),
+          "int8": run("int8", ["300,train,0.5,0.818", "300,test,3.0,0.532"])}  # 28.6 points: not listed
+  text = " ".join(threelc.lagging_evaluations(threelc._cfg(), runs))  # pylint: disable=protected-access
+  assert ("MQE 1-bit int: step 150 10.1 % test, 65.7 % training; at the end (step 600) 81.3 % test, "
+          "80.3 % training") in text
+  assert "8-bit int" not in text
+  assert threelc.lagging_evaluations(threelc._cfg(), {"int8": runs["int8"]}) == []  # pylint: disable=protected-access
