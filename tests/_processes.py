@@ -26,7 +26,10 @@ def run_workers(script: str, num_processes: int, tmp_path, timeout: float = 300,
   """
   port = str(free_port())
   path = os.pathsep.join(filter(None, [os.path.dirname(HERE), os.environ.get("PYTHONPATH")]))
-  flags = f"--xla_force_host_platform_device_count={devices}" if devices > 1 else ""
+  # The workers compile as this process does (conftest.py's XLA:CPU emitters): their numbers are
+  # compared with this process's bit for bit, and the emitters round differently.
+  same = [f for f in os.environ.get("XLA_FLAGS", "").split() if f.startswith("--xla_cpu_use_fusion_emitters")]
+  flags = " ".join(([f"--xla_force_host_platform_device_count={devices}"] if devices > 1 else []) + same)
   env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu", PYTHONPATH=path)
   procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "multiprocess", script), port,
                              str(num_processes), str(i), str(tmp_path / f"out{i}.npz"), *args],

@@ -1,4 +1,4 @@
-"""Test set-up: 8 host CPU devices for the multi-device tests; a suite that never hangs.
+"""Test set-up: 8 host CPU devices for the multi-device tests, faster compiles; a suite that never hangs.
 
 XLA reads XLA_FLAGS once, when JAX first initialises its backend, so this has
 to happen before anything imports jax.
@@ -32,18 +32,28 @@ if _FLAG not in os.environ.get("XLA_FLAGS", ""):
 _TIMEOUT = "--xla_cpu_collective_call_terminate_timeout_seconds"
 if _TIMEOUT not in os.environ["XLA_FLAGS"]:
   os.environ["XLA_FLAGS"] += f" {_TIMEOUT}=180"
+# This process compiles thousands of small programs (a backend compile takes about half of
+# its time): XLA:CPU's classic emitters compile them faster than its default fusion emitters.
+# A code-generation choice of XLA:CPU alone, after the same HLO passes (GPUs and TPUs have back
+# ends of their own), but it rounds differently: the multi-process tests' workers, compared with
+# this process bit for bit, get it too (_processes.py). The subprocesses that run the README, the
+# launcher, multi-process training, sweeps and the zoo compile with XLA:CPU's defaults.
+_EMITTERS = "--xla_cpu_use_fusion_emitters"
+if _EMITTERS not in os.environ["XLA_FLAGS"]:
+  os.environ["XLA_FLAGS"] += f" {_EMITTERS}=false"
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+_CACHE_ENV = "JAXCOMP_TESTS_XLA_CACHE"
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 
 def pytest_configure(config):
-  """Reports of time limits (below), and a compilation cache for this pytest process.
+  """Reports of time limits (below), and one compilation cache for the run's pytest processes.
 
   Many tests compile identical programs (a training step of the same config,
   the same exchange in several layouts); JAX's persistent cache keys a
   compiled program by its HLO, flags and devices, so a repeat is loaded, not
   compiled (programs that took at least a second to compile, JAX's default).
-  Set through jax.config, not the environment: the processes that tests start
+  Set through jax.config, not JAX's environment variable: the processes that tests start
   (multi-process training, the launcher) keep compiling on their own
   (``tests/test_multiprocess_train.py`` gives its workers a cache of their own).
   """
@@ -54,8 +64,14 @@ def pytest_configure(config):
 
   import jax  # pylint: disable=g-import-not-at-top
 
-  cache = tempfile.mkdtemp(prefix="jaxcomp-tests-xla-cache-")
-  atexit.register(shutil.rmtree, cache, True)
+  # One cache for the whole run: the controller makes it before xdist starts its workers,
+  # which find it in their environment (files of one worker often compile what the
+  # other's did: the training step of a tiny config, an exchange in the same layout).
+  cache = os.environ.get(_CACHE_ENV)
+  if not cache:
+    cache = tempfile.mkdtemp(prefix="jaxcomp-tests-xla-cache-")
+    os.environ[_CACHE_ENV] = cache
+    atexit.register(shutil.rmtree, cache, True)
   jax.config.update("jax_compilation_cache_dir", cache)
 
 
