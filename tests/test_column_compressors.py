@@ -269,6 +269,23 @@ def test_onebit_conv_and_vector_columns():
   np.testing.assert_allclose(_code(comp, jnp.array(-2.5))[2], -2.5)
 
 
+def test_onebit_per_tensor_means():
+  """per="tensor" (3LC's MQE 1-bit): one pair of class means for the whole tensor, on the same bits."""
+  k = jax.random.normal(KEY, (3, 3, 2, 4)) * jnp.array([1.0, 10.0, 100.0, 1000.0])
+  p, _, out = _code(OneBit(per="tensor"), k)
+  assert p.means.shape == (2, 1)
+  kn = np.asarray(k).reshape(-1)
+  np.testing.assert_allclose(p.means[:, 0], [kn[kn >= 0].mean(), kn[kn < 0].mean()], rtol=1e-5)
+  np.testing.assert_allclose(out, np.where(np.asarray(k) >= 0, p.means[0, 0], p.means[1, 0]), rtol=1e-6)
+  np.testing.assert_array_equal(p.bits, _code(OneBit(), k)[0].bits)
+  params = {"fc": jnp.zeros((800, 500))}
+  tx = jaxcomp.onebit(axis_name="w", per="tensor")
+  _, st = _vmap_update(tx, {"fc": jnp.ones((2, 800, 500))}, parallel.replicate_workers(tx.init(params), 2))
+  assert float(jaxcomp.metrics(st)["bytes_on_wire"]) == 400000 // 8 + 8 + 1  # bits + one pair + flag
+  with pytest.raises(ValueError, match="per must be one of"):
+    OneBit(per="row")
+
+
 def test_onebit_sampled_means():
   """sample=k: the means come from k sampled entries; k >= rows is exact; EF covers the rest."""
   x = jax.random.normal(KEY, (400, 3)) + jnp.array([0.0, 1.0, -1.0])

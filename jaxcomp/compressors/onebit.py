@@ -18,6 +18,10 @@ residual (``x = g + r``):
 
 Decisions where the papers are brief (tested in ``tests/test_column_compressors.py``):
 
+* **Per tensor** (``per="tensor"``): one pair of means for the whole tensor,
+  as 3LC describes the design it compares ("MQE 1-bit int": "the average of
+  non-negative or negative values in the input tensor", Lim et al., MLSys
+  2019, §3); the wire carries ``float32[2, 1]``.
 * **Column** (the papers speak of weight matrices): the column view of
   :mod:`jaxcomp.compressors._select`: a tensor of shape ``s`` is
   ``(prod(s[:-1]), s[-1])``, i.e. one column per output unit for a Dense
@@ -69,6 +73,9 @@ from jaxcomp.codecs import bits
 from jaxcomp.compressors import _select
 
 
+PER = ("column", "tensor")
+
+
 class OneBitPayload(NamedTuple):
   bits: jax.Array  # uint8[ceil(n/8)]: 1 for x >= 0, eight per byte, C order
   means: jax.Array  # float32[2, cols]: per column, the non-negative and the negative mean
@@ -110,26 +117,35 @@ class OneBit(core.Compressor):
     sample: estimate each column's two means from this many sampled entries
       (``None``: from the whole column).
     rng: uniform generator for the sample, ``"hash"`` or ``"threefry"``.
+    per: ``"column"`` (Seide et al.) or ``"tensor"`` (3LC's MQE 1-bit): what
+      one pair of reconstruction values covers.
   """
 
   sample: Optional[int] = None
   rng: rng.RngImpl = "hash"
+  per: str = "column"
 
   error_feedback = True
 
   def __post_init__(self):
     _select.check_sample(self.sample)
     rng.check_impl(self.rng)
+    if self.per not in PER:
+      raise ValueError(f"per must be one of {PER}, got {self.per!r}.")
 
+  def view(self, shape) -> tuple[int, int]:
+    """``(rows, cols)``: the columns that get their own pair of means."""
+    rows, cols = _select.column_shape(shape)
+    return (rows, cols) if self.per == "column" else (rows * cols, 1)
 
   def encode(self, x, key, agreed):
     del agreed
-    x2 = _select.as_columns(x)
+    x2 = x.reshape(self.view(x.shape))
     pool = _select.sample_rows(x2, key, self.sample, self.rng) if _select.uses_sample(self.sample, x2.shape[0]) else x2
     return OneBitPayload(bits=bits.pack_bits(nonnegative(x2)), means=column_means(pool).astype(jnp.float32))
 
   def decode(self, payload, shape):
-    rows, cols = _select.column_shape(shape)
+    rows, cols = self.view(shape)
     b = bits.unpack_bits(payload.bits, rows * cols).reshape(rows, cols)
     return jnp.where(b, payload.means[0], payload.means[1]).reshape(shape)
 
@@ -143,8 +159,9 @@ class OneBit(core.Compressor):
     return total / workers
 
 
-@hyperparams.factory(sample="the size of the sample (a shape)")
-def onebit(sample: Optional[int] = None, *, rng: rng.RngImpl = "hash", **kwargs: Any) -> optax.GradientTransformationExtraArgs:
+@hyperparams.factory(sample="the size of the sample (a shape)", per="the shape of the means")
+def onebit(sample: Optional[int] = None, *, rng: rng.RngImpl = "hash", per: str = "column",
+           **kwargs: Any) -> optax.GradientTransformationExtraArgs:
   """1-bit SGD (Seide et al. 2014; Dryden et al. §3.1) as an optax transform.
 
   Example::
@@ -156,6 +173,9 @@ def onebit(sample: Optional[int] = None, *, rng: rng.RngImpl = "hash", **kwargs:
       randomly sampled entries of the column (Dryden §3.1); ``None`` (default)
       uses every entry.
     rng: uniform generator for the sample, ``"hash"`` or ``"threefry"``.
+    per: ``"column"`` (default; Seide et al.'s means per column) or
+      ``"tensor"`` (one pair per tensor: the design 3LC §3 and §4.2 compare
+      as "MQE 1-bit int").
     **kwargs: passed to :func:`jaxcomp.compress`: ``axis_name``, ``skip``,
       ``min_size``, ``seed``, ``nonfinite``, ``error_feedback`` (on by
       default: 1-bit SGD needs it).
@@ -163,4 +183,4 @@ def onebit(sample: Optional[int] = None, *, rng: rng.RngImpl = "hash", **kwargs:
   Returns:
     An ``optax.GradientTransformationExtraArgs``.
   """
-  return transforms.compress(OneBit(sample=sample, rng=rng), **kwargs)
+  return transforms.compress(OneBit(sample=sample, rng=rng, per=per), **kwargs)
