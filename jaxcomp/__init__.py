@@ -25,6 +25,7 @@ from jaxcomp import hierarchy
 from jaxcomp import models
 from jaxcomp import parallel
 from jaxcomp import rng
+from jaxcomp import sharded
 from jaxcomp.compressors import REGISTRY, get_transform, make_optimizer, names
 from jaxcomp.compressors.terngrad import TernGrad, terngrad
 from jaxcomp.compressors.qsgd import QSGD, qsgd
@@ -48,6 +49,7 @@ from jaxcomp.compressors.randomk import RandomK, randomk
 from jaxcomp.compressors.natural import Natural, natural
 from jaxcomp.count import Count
 from jaxcomp.metrics import metrics
+from jaxcomp.sharded import PerShardState, per_shard
 from jaxcomp.transforms import CompressState, compress, path_str, skip_by_path
 from jaxcomp.wrappers import ApplyIfFiniteState, apply_if_finite, multi_steps
 
@@ -65,6 +67,9 @@ __all__ = [
     "multi_steps",
     "apply_if_finite",
     "ApplyIfFiniteState",
+    # model-sharded parameters: compress each device's shard
+    "per_shard",
+    "PerShardState",
     # the compressors: optax transform factories ...
     "terngrad",
     "qsgd",
@@ -117,6 +122,7 @@ __all__ = [
     "core",
     "parallel",
     "hierarchy",
+    "sharded",
     "rng",
     "codecs",
     "models",

@@ -576,11 +576,23 @@ def worker_shardings(state: Any, mesh: Any, axis: Union[str, tuple[str, ...]]) -
 
   ``jax.device_put(state, worker_shardings(state, mesh, axis))`` before the
   first step gives the state the layout a jitted ``shard_map`` step returns
-  it in. A state straight from ``init`` sits on one device, a layout of its
+  it in. The state of :func:`jaxcomp.per_shard` is split over its model axes
+  as well. A state straight from ``init`` sits on one device, a layout of its
   own: the step would compile once for it and again for every later step.
   """
   from jax.sharding import NamedSharding
-  return jax.tree.map(lambda s: NamedSharding(mesh, s), worker_specs(state, axis))
+  from jax.sharding import PartitionSpec as P
+  from jaxcomp import sharded  # pylint: disable=g-import-not-at-top
+
+  def place(x, specs):
+    if isinstance(x, sharded.PerShardState):  # every leaf split over the model axes, after the worker axis
+      # spelt as a jitted step returns it (Explicit axes: to the leaf's rank), or the step's fast
+      # path would miss its cache on the second call
+      pad = not set(x.axes) <= set(mesh.auto_axes)
+      specs = jax.tree.map(lambda s, a: P(*s, x.axes, *[None] * ((jnp.ndim(a) - len(s) - 1) * pad)), specs, x)
+    return jax.tree.map(lambda s: NamedSharding(mesh, s), specs)
+
+  return jax.tree.map(place, state, worker_specs(state, axis), is_leaf=lambda x: isinstance(x, sharded.PerShardState))
 
 
 def replicate_workers(state: Any, num_workers: int) -> Any:

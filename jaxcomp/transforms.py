@@ -279,6 +279,18 @@ def check_gradients_vary(grads: Any, axis_name: parallel.AxisName, compressor: O
   parallel.check_not_reduced([g for _, g in flat], [path_str(k) for k, _ in flat], axis_name, who)
 
 
+def check_not_sharded(grads: Any) -> None:
+  """Refuses gradients typed as split over a mesh axis (``AxisType.Explicit``): see :func:`jaxcomp.per_shard`."""
+  for path, g in jax.tree_util.tree_flatten_with_path(grads)[0]:
+    spec = getattr(getattr(jax.typeof(g), "sharding", None), "spec", None)
+    axes = sorted({a for e in (spec or ()) if e is not None for a in ((e,) if isinstance(e, str) else e)})
+    if axes:
+      raise ValueError(
+          f"jaxcomp: the gradient {path_str(path)!r} is split over the mesh axes {axes} (its type "
+          f"{jax.typeof(g).str_short()}): a compressor encodes whole tensors. Wrap the transform in "
+          f"jaxcomp.per_shard(tx, {tuple(axes)!r}), which compresses each device's shard.")
+
+
 def count_tensor(
     compressor: core.Compressor, ex: core.Exchanged, g: jax.Array, bad: jax.Array,
     tracked_path: Optional[str],
@@ -528,6 +540,7 @@ def compress(
   def update(updates, state):
     p = plan(updates)
     check_gradients_vary(updates, parallel.axis_names(axis_name) + parallel.axis_names(within), compressor)
+    check_not_sharded(updates)
     residuals = p.treedef.flatten_up_to(state.local.residual)
     inners = p.treedef.flatten_up_to(state.inner)
     shards = p.treedef.flatten_up_to(state.shard.residual) if use_shard else [optax.MaskedNode()] * len(p.leaves)

@@ -54,9 +54,18 @@ def test_readme_python_blocks_run_as_one_program(tmp_path):
   # The shard_map example's step compiles once: its inputs start as its outputs are laid out.
   i = next(i for i, b in enumerate(blocks) if "over {mesh.size} devices" in b)
   blocks[i] += '\nprint(f"shard_map step compiled {step._cache_size()} time(s)")'
+  j = next(i for i, b in enumerate(blocks) if "jaxcomp.per_shard(" in b)
+  blocks[j] += '\nprint(f"model-sharded step compiled {m_step._cache_size()} time(s)")'
   out = _run(blocks, tmp_path)
   assert "shard_map step compiled 1 time(s)" in out.stdout, out.stdout
+  assert "model-sharded step compiled 1 time(s)" in out.stdout, out.stdout
   lines = [l for l in out.stdout.strip().splitlines() if " step compiled " not in l]
+  # The model-sharded block: it learns, and a device's counts are its shards': the column-split
+  # kernel's half (64 x 16), the row-split one's (16 x 10), the two replicated biases whole.
+  m = re.search(r"model-sharded: loss ([\d.]+), (\d+) bytes per device over 'data' for its shards' (\d+) "
+                r"float32 bytes \(kernel P\(None, 'model'\)\)", out.stdout)
+  assert m and float(m[1]) < 0.5 * np.log(10), out.stdout
+  assert int(m[3]) == 4 * (64 * 16 + 32 + 16 * 10 + 10) and 10 < int(m[3]) / int(m[2]) < 16, out.stdout
   # The vmap example: the toy task is learnt and the wire is about 16x smaller (2-bit codes).
   m = re.match(r"loss ([\d.]+), (\d+) bytes on the wire instead of (\d+) \(([\d.]+)x\)", lines[0])
   assert m, out.stdout
