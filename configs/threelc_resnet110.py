@@ -75,8 +75,19 @@ Run::
   python -m experiments.train --config configs/threelc_resnet110.py:runlocal --workdir /tmp/3lc \
       --config.compressor=threelc '--config.compressor_kwargs={"sparsity": 1.75}'
 
+Labelled rows (``get_sweep("runlocal,labelled")``, :data:`LABELLED`): MQE 1-bit
+int with 3LC's per-tensor means (§3: "the average of non-negative or negative
+values in the input tensor"; the row above uses Seide et al.'s per-column
+means), and with a linear learning-rate warm-up over the first
+:data:`WARMUP` steps (Goyal et al., arXiv:1706.02677, §2.2, the guideline §4.3
+says it follows), with 32-bit float at the same warm-up as the control::
+
+  python -m experiments.sweep --config configs/threelc_resnet110.py:runlocal,labelled \
+      --root runs --checkpoint_every 0
+
 Arguments (``configs/threelc_resnet110.py:ARG``, comma-separated):
   ``runlocal``: the reduced scale above, on the offline dataset.
+  ``labelled``: (``get_sweep`` only) the labelled rows instead of §4.2's designs.
   ``dataset=NAME``: any ``jaxcomp.data`` dataset (28x28 grey ones padded to 32x32x3).
 """
 
@@ -102,6 +113,24 @@ DESIGNS = {
     "local_steps_2": ("2 local steps", resnet_cifar.design("local_steps", k=2)),
     **{f"3lc_s{s:.2f}": (f"3LC (s={s:.2f})", resnet_cifar.design("threelc", sparsity=s))
        for s in SPARSITIES},
+}
+
+WARMUP = 30  # steps of linear learning-rate warm-up in the labelled rows
+WITHIN = 1.0  # a labelled MQE row "learns like float" within this many points of the float row
+
+
+def _warmup(overrides: dict) -> dict:
+  return {**overrides, "lr_warmup_steps": WARMUP}
+
+
+# Labelled rows (not the paper's settings): name -> (label, sweep overrides).
+LABELLED = {
+    "mqe_1bit.per_tensor": ("MQE 1-bit int, per-tensor means", resnet_cifar.design("onebit", per="tensor")),
+    f"mqe_1bit.warmup{WARMUP}": (f"MQE 1-bit int, {WARMUP}-step warm-up", _warmup(resnet_cifar.design("onebit"))),
+    f"mqe_1bit.per_tensor.warmup{WARMUP}": (
+        f"MQE 1-bit int, per-tensor means, {WARMUP}-step warm-up",
+        _warmup(resnet_cifar.design("onebit", per="tensor"))),
+    f"float32.warmup{WARMUP}": (f"32-bit float, {WARMUP}-step warm-up", _warmup(resnet_cifar.design("none"))),
 }
 
 PAPER = {
@@ -139,12 +168,23 @@ PAPER = {
 }
 
 
-def get_sweep(arg: str | None = None) -> list[tuple[str, dict]]:
-  """3LC-T1's grid: every design of §4.2, same steps and seed."""
-  return resnet_cifar.sweep(arg, DESIGNS)
+def _split_labelled(arg: str | None) -> tuple[bool, str | None]:
+  """Whether ``arg`` asks for the labelled rows, and ``arg`` without that word."""
+  words = [w for w in (arg or "").split(",") if w]
+  rest = ",".join(w for w in words if w != "labelled")
+  return "labelled" in words, rest or None
+
+
+def get_sweep(arg: str | None = None) -> list[tuple]:
+  """3LC-T1's grid: every design of §4.2, same steps and seed (``labelled``: :data:`LABELLED`)."""
+  labelled, rest = _split_labelled(arg)
+  if not labelled:
+    return resnet_cifar.sweep(rest, DESIGNS)
+  return [(name, overrides, rest) for name, overrides in resnet_cifar.sweep(rest, LABELLED)]
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  _, arg = _split_labelled(arg)
   c, args = resnet_cifar.base_config(arg, experiment="3LC-T1", workers=WORKERS,
                                      per_worker_batch=PER_WORKER_BATCH, steps=PAPER_STEPS)
   c.lr_scale_with_workers = True  # 0.1 x 10 = 1.0 at the start ...

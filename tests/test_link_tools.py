@@ -124,6 +124,23 @@ def test_two_phase_training_sweeps():
       assert run["overrides"] == {**plain[base], "lr_warmup_steps": int(w)}, name
 
 
+def test_threelc_labelled_sweep():
+  """3LC-T1's labelled rows: MQE 1-bit with per-tensor means and/or a warm-up, float with the warm-up."""
+  from configs import threelc_resnet110 as cfg  # pylint: disable=g-import-not-at-top
+  runs = {r["name"]: r for r in sweep.plan("configs/threelc_resnet110.py:runlocal,labelled", "/tmp/unused")}
+  assert set(runs) == {"mqe_1bit.per_tensor", "mqe_1bit.warmup30", "mqe_1bit.per_tensor.warmup30", "float32.warmup30"}
+  for name, run in runs.items():
+    base = cfg.DESIGNS[name.split(".")[0]][1]
+    expected = {**base, "compressor_kwargs": {"per": "tensor"}} if ".per_tensor" in name else dict(base)
+    if ".warmup" in name:
+      expected["lr_warmup_steps"] = cfg.WARMUP
+    assert run["overrides"] == expected, name
+    assert run["workdir"].startswith("/tmp/unused/3LC-T1/") and "configs/threelc_resnet110.py:runlocal" in run["cmd"]
+  # The paper's grid is unchanged by the word.
+  assert [n for n, _ in cfg.get_sweep("runlocal")] == list(cfg.DESIGNS)
+  assert cfg.get_config("runlocal,labelled").num_train_steps == cfg.REDUCED_STEPS
+
+
 def test_train_clock_counts_only_training():
   t = [100.0]
   clock = loop.TrainClock(5.0, now=lambda: t[0])

@@ -312,3 +312,33 @@ def test_evaluations_far_below_training_are_named(tmp_path):
           "80.3 % training") in text
   assert "8-bit int" not in text
   assert threelc.lagging_evaluations(threelc._cfg(), {"int8": runs["int8"]}) == []  # pylint: disable=protected-access
+
+
+def test_labelled_mqe_rows_and_their_pick(tmp_path):
+  """The labelled MQE rows beside float at the same warm-up; the pick is the first without a far-below evaluation."""
+  from experiments.reports import threelc  # pylint: disable=g-import-not-at-top
+
+  def run(name, at150, end, loss):
+    d = tmp_path / name
+    d.mkdir()
+    (d / "metrics.csv").write_text("step,split,loss,accuracy\n150,train,1.0,0.66\n"
+                                   f"150,test,2.0,{at150}\n600,train,{loss},0.8\n600,test,0.5,{end}\n")
+    return {"workdir": str(d), "summary": {"test_accuracy": end}}
+
+  runs = {"float32": run("f", 0.6255, 0.8659, 0.39), "float32.warmup30": run("fw", 0.7161, 0.8640, 0.38),
+          "mqe_1bit": run("m", 0.1005, 0.8132, 0.52), "mqe_1bit.per_tensor": run("mt", 0.30, 0.78, 0.6),
+          "mqe_1bit.warmup30": run("mw", 0.6549, 0.8200, 0.47),
+          "mqe_1bit.per_tensor.warmup30": run("mtw", 0.55, 0.815, 0.6)}
+  cfg = threelc._cfg()  # pylint: disable=protected-access
+  text = "\n".join(threelc.labelled_lines(cfg, runs))
+  assert "| MQE 1-bit int | 10.1 | 81.32 | -5.27 | 0.520 | 1 |" in text  # against float without warm-up
+  assert "| MQE 1-bit int, 30-step warm-up | 65.5 | 82.00 | -4.40 | 0.470 | 0 |" in text  # against float's 86.40
+  # per_tensor (36 points below its training at step 150) is refused; of the others warmup30 ends highest.
+  assert ("The labelled row: **MQE 1-bit int, 30-step warm-up**, the most accurate whose evaluations all follow its "
+          "training: 65.5 % at step 150 (paper settings: 10.1 %), 82.00 % at the end, -4.40 points from float "
+          "with the same warm-up (not within 1 point).") in text
+  assert ("with a 30-step warm-up MQE reaches 65.5 % at step 150 (10.1 % without). The gap at the end is not: "
+          "-4.40 points with the warm-up, -5.27 without, and 3LC's per-tensor means widen it (-8.59)") in text
+  assert "mean over the first half 1.000 against 1.000, over the second 0.520 against 0.390" in text
+  del runs["float32.warmup30"]
+  assert threelc.labelled_lines(cfg, runs) == []
