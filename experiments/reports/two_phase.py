@@ -121,9 +121,9 @@ def render_training(root: str, runs: dict, out_path: str, img_dir: str) -> list[
   return lines
 
 
-def _loss_at(run: dict[str, Any], step: int) -> Optional[float]:
-  """The training loss logged at ``step`` (the mean over the interval it ends)."""
-  return next((r["loss"] for r in D.train_rows(run["workdir"]) if r["step"] == step), None)
+def _loss_at(metrics: dict[str, list], step: int) -> Optional[float]:
+  """The training loss logged at ``step`` (the mean over the interval it ends), from :func:`plots.read_metrics`."""
+  return next((r["loss"] for r in metrics["train"] if r["step"] == step), None)
 
 
 def resnet_finding(cfg: Any, runs: dict[str, dict], t1: dict[str, dict]) -> list[str]:
@@ -133,10 +133,11 @@ def resnet_finding(cfg: Any, runs: dict[str, dict], t1: dict[str, dict]) -> list
   control = runs.get(f"3lc_s1.00.warmup{cfg.RESNET_CONTROL_WARMUP}")
   if not all(r and r["summary"] for r in (ag, tp, control, *sweep.values())):
     return []
-  early = [(step, _loss_at(tp, step), _loss_at(ag, step)) for step in (10, 30)]
+  metrics = [plots.read_metrics(r["workdir"]) for r in (tp, ag)]  # each run's file read once
+  early = [(step, _loss_at(metrics[0], step), _loss_at(metrics[1], step)) for step in (10, 30)]
   if any(v is None for _, a, b in early for v in (a, b)):
     return []
-  test = [plots.read_metrics(r["workdir"])["test"] for r in (tp, ag)]
+  test = [m["test"] for m in metrics]
   first_eval = (f"; test accuracy at step {int(test[0][0]['step'])}: {100 * test[0][0]['accuracy']:.1f} % against "
                 f"{100 * test[1][0]['accuracy']:.1f} %" if all(test) and test[0][0]["step"] == test[1][0]["step"] else "")
   target = 100 * ag["summary"]["test_accuracy"] - cfg.RESNET_WITHIN
