@@ -153,14 +153,6 @@ def read_layout(params: Any, axes: tuple[str, ...]) -> tuple[tuple[P, ...], Any]
   return tuple(specs), mesh
 
 
-def shard_count(mesh: Any, axes: tuple[str, ...]) -> int:
-  """The number of model devices: the product of the model axes' sizes."""
-  n = 1
-  for a in axes:
-    n *= mesh.shape[a]
-  return n
-
-
 def per_shard(inner: optax.GradientTransformation, axes: AxisNames = "model") -> optax.GradientTransformationExtraArgs:
   """Runs ``inner`` on each device's shard of the model-sharded gradients.
 
@@ -222,7 +214,8 @@ def per_shard(inner: optax.GradientTransformation, axes: AxisNames = "model") ->
     # compiler, a leaf could come back in another spelling of it and a jitted step compile again.
     # (Explicit axes carry the layout in the types already.)
     if set(names) <= set(mesh.auto_axes):
-      new_inner = jax.tree.map(lambda a: jax.lax.with_sharding_constraint(a, P(names)), new_inner)
+      layout = P(names) if not context.empty else NamedSharding(mesh, P(names))  # outside any mesh context
+      new_inner = jax.tree.map(lambda a: jax.lax.with_sharding_constraint(a, layout), new_inner)
     return new_updates, dataclasses.replace(state, inner=new_inner)
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)

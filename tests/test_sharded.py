@@ -167,5 +167,20 @@ def test_explicit_shards_without_per_shard_are_refused():
 
   with jax.set_mesh(mesh):
     step = jax.jit(jax.shard_map(worker, in_specs=(P(), wspecs), out_specs=(P(), wspecs), axis_names={"data"}))
-    with pytest.raises(ValueError, match=r"split over the mesh axes \['model'\].*jaxcomp.per_shard\(tx, \('model',\)\)"):
+    pattern = r"split over the mesh axes \['model'\].*jaxcomp.per_shard\(tx, \('model',\)\)"
+    with pytest.raises(ValueError, match=pattern):
       step(params, state)
+
+
+def test_outside_shard_map_the_mesh_comes_from_the_parameters():
+  """One worker (axis_name=None), no mesh context: jitted and eager updates run on the parameters' mesh."""
+  mesh = jax.make_mesh((M,), ("model",), axis_types=(AxisType.Auto,), devices=jax.devices()[:M])
+  on_mesh = lambda tree: jax.device_put(tree, {"w": NamedSharding(mesh, P(None, "model"))})
+  params, g = on_mesh({"w": jnp.ones((4, 6))}), on_mesh({"w": jnp.arange(24.0).reshape(4, 6)})
+  tx = jaxcomp.per_shard(optax.chain(jaxcomp.int8(), optax.sgd(0.1)), "model")
+  state = tx.init(params)
+  for update in (jax.jit(tx.update), tx.update):
+    upd, state = update(g, state, params)
+    # within a shard's int8 step (with error feedback: half of one, plus the residual)
+    np.testing.assert_allclose(upd["w"], -0.1 * np.arange(24.0).reshape(4, 6), atol=0.1 * 23 / 127 + 1e-6)
+    assert int(jaxcomp.metrics(state)["bytes_on_wire"]) == 4 * 3 + 4  # a shard's int8 codes and its scale

@@ -116,7 +116,8 @@ def labelled_lines(cfg, runs: dict[str, dict]) -> list[str]:
     return lines + ["", "**Every labelled row has an evaluation far below its training.**", ""]
   n = max(clean, key=acc)
   within = "within" if gap(n) >= -cfg.WITHIN else "not within"
-  return lines + ["", f"The labelled row: **{designs[n][0]}**, the most accurate whose evaluations all follow its training: "
+  return lines + ["", f"The labelled row: **{designs[n][0]}**, the most accurate whose evaluations all follow "
+                      "its training: "
                       f"{at_first(n):.1f} % at step {first:,.0f} (paper settings: {at_first('mqe_1bit'):.1f} %), "
                       f"{acc(n):.2f} % at the end, {gap(n):+.2f} points from float with the same warm-up "
                       f"({within} {cfg.WITHIN:g} point).", ""] + _mqe_finding(cfg, metrics, gap, at_first, first)
