@@ -193,6 +193,12 @@ def per_shard(inner: optax.GradientTransformation, axes: AxisNames = "model") ->
     return PerShardState(inner=state, specs=specs, mesh=mesh, axes=names)
 
   def update_fn(updates, state, params=None, **extra_args):
+    if not any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((updates, state, params, extra_args))):
+      # Called eagerly: one compiled program, not the nested shard_map's operations one by one.
+      return compiled_update(updates, state, params, **extra_args)
+    return update(updates, state, params, **extra_args)
+
+  def update(updates, state, params=None, **extra_args):
     treedef = jax.tree.structure(updates)
     if treedef.num_leaves != len(state.specs):
       raise ValueError(f"the gradients have {treedef.num_leaves} leaves; the state was made for "
@@ -218,4 +224,5 @@ def per_shard(inner: optax.GradientTransformation, axes: AxisNames = "model") ->
       new_inner = jax.tree.map(lambda a: jax.lax.with_sharding_constraint(a, layout), new_inner)
     return new_updates, dataclasses.replace(state, inner=new_inner)
 
+  compiled_update = jax.jit(update)
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
