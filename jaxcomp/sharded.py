@@ -110,15 +110,14 @@ def _names(axes: AxisNames) -> tuple[str, ...]:
   return names
 
 
-def _entry_axes(entry: Any) -> tuple[str, ...]:
-  if entry is None:
-    return ()
-  return (entry,) if isinstance(entry, str) else tuple(entry)
+def spec_axes(spec: Any) -> set[str]:
+  """The mesh axes a ``PartitionSpec`` splits over (an entry is ``None``, a name or a tuple of names)."""
+  return {a for e in (spec or ()) if e is not None for a in ((e,) if isinstance(e, str) else e)}
 
 
 def model_spec(spec: P, axes: tuple[str, ...], path: str) -> P:
   """``spec`` as the model axes see it; raises if it shards over any other axis."""
-  others = sorted({a for e in spec for a in _entry_axes(e)} - set(axes))
+  others = sorted(spec_axes(spec) - set(axes))
   if others:
     raise ValueError(
         f"params{path} is sharded over {others}, which are not the model axes {list(axes)}: a "

@@ -52,6 +52,7 @@ from jaxcomp import hierarchy
 from jaxcomp import layout as layout_lib
 from jaxcomp import parallel
 from jaxcomp import rng
+from jaxcomp import sharded
 from jaxcomp import two_phase
 from jaxcomp.count import Count
 
@@ -282,8 +283,7 @@ def check_gradients_vary(grads: Any, axis_name: parallel.AxisName, compressor: O
 def check_not_sharded(grads: Any) -> None:
   """Refuses gradients typed as split over a mesh axis (``AxisType.Explicit``): see :func:`jaxcomp.per_shard`."""
   for path, g in jax.tree_util.tree_flatten_with_path(grads)[0]:
-    spec = getattr(getattr(jax.typeof(g), "sharding", None), "spec", None)
-    axes = sorted({a for e in (spec or ()) if e is not None for a in ((e,) if isinstance(e, str) else e)})
+    axes = sorted(sharded.spec_axes(getattr(getattr(jax.typeof(g), "sharding", None), "spec", None)))
     if axes:
       raise ValueError(
           f"jaxcomp: the gradient {path_str(path)!r} is split over the mesh axes {axes} (its type "

@@ -35,6 +35,17 @@ def on_mesh(step, mesh, axis, state_template):
   return placed
 
 
+def device_update(tx):
+  """``tx.update`` for one worker per device under ``shard_map``: the gradients' and the state's local
+  worker axis of size 1 dropped, and the state's put back."""
+
+  def per_device(g, s):
+    upd, s2 = tx.update(jax.tree.map(lambda a: a[0], g), parallel.worker_slice(s, 0))
+    return upd, parallel.expand_workers(s2)
+
+  return per_device
+
+
 def make_runners(make_tx, n_workers):
   """make_tx(axis_name) -> optax transform. Returns {name: runner(grads, state)}."""
   runners = {}
@@ -62,12 +73,7 @@ def make_runners(make_tx, n_workers):
       mesh = _mesh(n_workers)
       specs = parallel.worker_specs(state, "d")
 
-      def per_device(g, s):
-        # One worker per device: drop the local worker axis of size 1 and put it back.
-        upd, s2 = tx.update(jax.tree.map(lambda a: a[0], g), parallel.worker_slice(s, 0))
-        return upd, parallel.expand_workers(s2)
-
-      f = jax.shard_map(per_device, mesh=mesh, in_specs=(P("d"), specs), out_specs=(P(), specs))
+      f = jax.shard_map(device_update(tx), mesh=mesh, in_specs=(P("d"), specs), out_specs=(P(), specs))
       return on_mesh(jax.jit(f), mesh, "d", state)
 
     def shard_map_vmap_runner(state):

@@ -15,7 +15,7 @@ from jaxcomp import buckets
 from jaxcomp import layout
 from jaxcomp import parallel
 
-from _layouts import on_mesh
+from _layouts import device_update, on_mesh
 
 N = 4  # workers: shard_map over 4 devices, or 2 devices with 2 vmap workers each
 
@@ -94,12 +94,8 @@ def _shard_map(tx):
   """One worker per device."""
   def build(state):
     specs = parallel.worker_specs(state, "d")
-
-    def per_device(g, s):
-      upd, s2 = tx.update(jax.tree.map(lambda a: a[0], g), parallel.worker_slice(s, 0))
-      return upd, parallel.expand_workers(s2)
     mesh = _mesh(N)
-    return on_mesh(jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=(P("d"), specs), out_specs=(P(), specs))),
+    return on_mesh(jax.jit(jax.shard_map(device_update(tx), mesh=mesh, in_specs=(P("d"), specs), out_specs=(P(), specs))),
                    mesh, "d", state)
   return build
 

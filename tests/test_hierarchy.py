@@ -15,7 +15,7 @@ import jaxcomp
 from jaxcomp import core
 from jaxcomp import parallel
 
-from _layouts import on_mesh
+from _layouts import device_update, on_mesh
 
 H, L = 2, 4
 AXES = ("hosts", "local")
@@ -41,13 +41,8 @@ def _params(shapes=SHAPES):
 def _runner(tx, state):
   """One jitted update per device over the (hosts, local) mesh: (updates, state)."""
   specs = parallel.worker_specs(state, AXES)
-
-  def per_device(g, s):
-    upd, s2 = tx.update(jax.tree.map(lambda a: a[0], g), parallel.worker_slice(s, 0))
-    return upd, parallel.expand_workers(s2)
-
   mesh = _mesh()
-  return on_mesh(jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=(P(AXES), specs), out_specs=(P(), specs))),
+  return on_mesh(jax.jit(jax.shard_map(device_update(tx), mesh=mesh, in_specs=(P(AXES), specs), out_specs=(P(), specs))),
                  mesh, AXES, state)
 
 

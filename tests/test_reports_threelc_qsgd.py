@@ -307,11 +307,13 @@ def test_evaluations_far_below_training_are_named(tmp_path):
   runs = {"mqe_1bit": run("mqe", ["150,train,1.0,0.657", "150,test,12.8,0.1005",
                                   "600,train,0.5,0.803", "600,test,0.5,0.8132"]),
           "int8": run("int8", ["300,train,0.5,0.818", "300,test,3.0,0.532"])}  # 28.6 points: not listed
-  text = " ".join(threelc.lagging_evaluations(threelc._cfg(), runs))  # pylint: disable=protected-access
+  cfg = threelc._cfg()  # pylint: disable=protected-access
+  text = " ".join(threelc.lagging_evaluations(cfg, runs, threelc.read_metrics(cfg, runs)))
   assert ("MQE 1-bit int: step 150 10.1 % test, 65.7 % training; at the end (step 600) 81.3 % test, "
           "80.3 % training") in text
   assert "8-bit int" not in text
-  assert threelc.lagging_evaluations(threelc._cfg(), {"int8": runs["int8"]}) == []  # pylint: disable=protected-access
+  only_int8 = {"int8": runs["int8"]}
+  assert threelc.lagging_evaluations(cfg, only_int8, threelc.read_metrics(cfg, only_int8)) == []
 
 
 def test_labelled_mqe_rows_and_their_pick(tmp_path):
@@ -330,7 +332,7 @@ def test_labelled_mqe_rows_and_their_pick(tmp_path):
           "mqe_1bit.warmup30": run("mw", 0.6549, 0.8200, 0.47),
           "mqe_1bit.per_tensor.warmup30": run("mtw", 0.55, 0.815, 0.6)}
   cfg = threelc._cfg()  # pylint: disable=protected-access
-  text = "\n".join(threelc.labelled_lines(cfg, runs))
+  text = "\n".join(threelc.labelled_lines(cfg, runs, threelc.read_metrics(cfg, runs)))
   assert "| MQE 1-bit int | 10.1 | 81.32 | -5.27 | 0.520 | 1 |" in text  # against float without warm-up
   assert "| MQE 1-bit int, 30-step warm-up | 65.5 | 82.00 | -4.40 | 0.470 | 0 |" in text  # against float's 86.40
   # per_tensor (36 points below its training at step 150) is refused; of the others warmup30 ends highest.
@@ -341,4 +343,4 @@ def test_labelled_mqe_rows_and_their_pick(tmp_path):
           "-4.40 points with the warm-up, -5.27 without, and 3LC's per-tensor means widen it (-8.59)") in text
   assert "mean over the first half 1.000 against 1.000, over the second 0.520 against 0.390" in text
   del runs["float32.warmup30"]
-  assert threelc.labelled_lines(cfg, runs) == []
+  assert threelc.labelled_lines(cfg, runs, threelc.read_metrics(cfg, runs)) == []

@@ -19,6 +19,8 @@ from jax.sharding import PartitionSpec as P
 import jaxcomp
 from jaxcomp import parallel
 
+from _layouts import device_update
+
 D, M = 2, 2
 # name -> (shape, its spec over "model"): split along the last axis, along the rows, or not at all.
 TENSORS = {
@@ -60,12 +62,7 @@ def _sharded_run(name, kind, steps=2):
     state = parallel.replicate_workers(tx.init(params), D)
     state = jax.device_put(state, parallel.worker_shardings(state, mesh, "data"))
     wspecs = parallel.worker_specs(state, "data")
-
-    def worker(g, s):
-      upd, s = tx.update(jax.tree.map(lambda a: a[0], g), parallel.worker_slice(s, 0))
-      return upd, parallel.expand_workers(s)
-
-    step = jax.jit(jax.shard_map(worker, in_specs=(P("data"), wspecs), out_specs=(P(), wspecs),
+    step = jax.jit(jax.shard_map(device_update(tx), in_specs=(P("data"), wspecs), out_specs=(P(), wspecs),
                                  axis_names={"data"}))
     gspecs = {k: NamedSharding(mesh, P("data", *spec)) for k, spec in specs.items()}
     outs = []
@@ -76,19 +73,25 @@ def _sharded_run(name, kind, steps=2):
   return outs, state
 
 
-def _reference(name, k, steps=2):
-  """The same transform on model shard ``k``'s slices, under vmap over the workers."""
+def _references(name, steps=2):
+  """Per model shard k, the same transform on shard k's slices alone, under vmap over the workers.
+
+  Every shard has the same shapes: one transform and one compiled step serve them all.
+  """
   tx = jaxcomp.get_transform(name, axis_name="data", **KWARGS.get(name, {}))
-  params = {n: jnp.zeros(_shard(np.zeros(s), spec, k).shape) for n, (s, spec) in TENSORS.items()}
-  state = parallel.replicate_workers(tx.init(params), D)
-  axes = parallel.worker_axes(state)
+  params = {n: jnp.zeros(_shard(np.zeros(s), spec, 0).shape) for n, (s, spec) in TENSORS.items()}
+  initial = parallel.replicate_workers(tx.init(params), D)
+  axes = parallel.worker_axes(initial)
   step = jax.jit(jax.vmap(tx.update, in_axes=(0, axes), out_axes=(None, axes), axis_name="data"))
-  outs = []
-  for t in range(steps):
-    g = {n: _shard(a, TENSORS[n][1], k, lead=1) for n, a in _grads(t).items()}
-    upd, state = step(g, state)
-    outs.append((jax.tree.map(np.asarray, upd), {n: float(v) for n, v in jaxcomp.metrics(state).items()}))
-  return outs
+  refs = []
+  for k in range(M):
+    state, outs = initial, []
+    for t in range(steps):
+      g = {n: _shard(a, TENSORS[n][1], k, lead=1) for n, a in _grads(t).items()}
+      upd, state = step(g, state)
+      outs.append((jax.tree.map(np.asarray, upd), {n: float(v) for n, v in jaxcomp.metrics(state).items()}))
+    refs.append(outs)
+  return refs
 
 
 @pytest.fixture(scope="module", params=NAMES)
@@ -101,7 +104,7 @@ def test_each_shard_is_compressed_alone(runs):
   """Every device's updates and counts are those of its shard compressed alone (Auto axes)."""
   name, by_kind = runs
   outs, _ = by_kind[AxisType.Auto]
-  refs = [_reference(name, k) for k in range(M)]
+  refs = _references(name)
   for t, (upd, metrics) in enumerate(outs):
     for n, (_, spec) in TENSORS.items():
       for k in range(M):

@@ -66,9 +66,16 @@ def render_t1(runs_by_dataset, out_path: str, img_dir: str) -> list[str]:
     lines += D.design_section(cfg, dataset, table, extra, curve_names, f"3lc_t1_{dataset}_curves.png",
                               f"3LC-T1 on {dataset}: test accuracy and training loss (cf. 3LC Fig. 4)",
                               out_path, img_dir)
-    lines += lagging_evaluations(cfg, runs)
-    lines += labelled_lines(cfg, runs)
+    metrics = read_metrics(cfg, runs)
+    lines += lagging_evaluations(cfg, runs, metrics)
+    lines += labelled_lines(cfg, runs, metrics)
   return lines
+
+
+def read_metrics(cfg, runs: dict[str, dict]) -> dict[str, dict]:
+  """Each finished run's ``metrics.csv`` (:func:`plots.read_metrics`), of the designs and the labelled rows."""
+  return {n: plots.read_metrics(runs[n]["workdir"]) for n in {**cfg.DESIGNS, **cfg.LABELLED}
+          if runs.get(n) and runs[n].get("summary")}
 
 
 def _float_for(cfg, overrides: dict) -> str:
@@ -82,20 +89,19 @@ def _lagging(metrics: dict) -> tuple[list[dict], dict[float, float]]:
   return [t for t in metrics["test"] if t["step"] in train and train[t["step"]] - t["accuracy"] > LAG], train
 
 
-def labelled_lines(cfg, runs: dict[str, dict]) -> list[str]:
+def labelled_lines(cfg, runs: dict[str, dict], metrics: dict[str, dict]) -> list[str]:
   """MQE 1-bit int's labelled rows (``cfg.LABELLED``) beside float at the same warm-up, and the pick.
 
   The pick: of the labelled MQE rows whose test evaluations all stay within
   :data:`LAG` of their training accuracy (the paper-settings row's failure),
   the most accurate at the end; its gap to float is reported beside it,
-  against ``cfg.WITHIN``.
+  against ``cfg.WITHIN``. ``metrics``: :func:`read_metrics` of ``runs``.
   """
   names = ["mqe_1bit"] + [n for n in cfg.LABELLED if n.startswith("mqe_1bit")]
   floats = ["float32"] + [n for n in cfg.LABELLED if n.startswith("float32")]
   if not all(runs.get(n) and runs[n]["summary"] for n in names + floats):
     return []
   designs = {**cfg.DESIGNS, **cfg.LABELLED}
-  metrics = {n: plots.read_metrics(runs[n]["workdir"]) for n in names + floats}
   acc = lambda n: 100 * runs[n]["summary"]["test_accuracy"]
   gap = lambda n: acc(n) - acc(_float_for(cfg, designs[n][1]))
   first = metrics["mqe_1bit"]["test"][0]["step"]
@@ -147,20 +153,19 @@ def _mqe_finding(cfg, metrics, gap, at_first, first) -> list[str]:
 LAG = 0.3  # an evaluation this far (30 points) below the training accuracy of the same step
 
 
-def lagging_evaluations(cfg, runs: dict[str, dict]) -> list[str]:
+def lagging_evaluations(cfg, runs: dict[str, dict], metrics: dict[str, dict]) -> list[str]:
   """Evaluations whose test accuracy is far below the training accuracy logged at their step.
 
   A design at chance on the test set while it fits its training batches is
   not failing to learn; the test evaluation uses the batch-norm running
   statistics (kept by worker 0, §4.3), which can lag the weights while the
-  learning rate is high.
+  learning rate is high. ``metrics``: :func:`read_metrics` of ``runs``.
   """
   cells = []
   for name, (label, _) in {**cfg.DESIGNS, **cfg.LABELLED}.items():
-    run = runs.get(name)
-    if not run or not run.get("summary"):
+    if name not in metrics:
       continue
-    m = plots.read_metrics(run["workdir"])
+    m = metrics[name]
     lagging, train = _lagging(m)
     pair = lambda t: f"{100 * t['accuracy']:.1f} % test, {100 * train[t['step']]:.1f} % training"
     if lagging:
