@@ -10,16 +10,18 @@ them, and every collective round of a bucket runs once for all its tensors.
 How: every exchange (:func:`jaxcomp.parallel.exchange_steps`,
 :func:`jaxcomp.two_phase.two_phase_steps`, the compressors' own) is a
 generator that yields a :class:`~jaxcomp.core.Message` per collective it
-needs and gets the result back. :func:`run` advances the exchanges in
-lockstep; at each round it joins a bucket's messages of one kind into one
-buffer (the agreements of every bucket into one), runs one collective on it
-and hands every exchange its own part back:
+needs and gets the result back. :func:`run` runs the buckets in order and a
+bucket's exchanges in lockstep; at each round it joins the bucket's messages
+of one kind into one buffer, runs one collective on it and hands every
+exchange its own part back (the next bucket's agreement rides on this
+bucket's all-gather: :func:`_pipelined`):
 
 * ``"gather"`` and ``"all_to_all"`` move bytes: every array is viewed as
   bytes (``uint8``), the bucket's arrays are laid end to end, and the result
   is cut and viewed back;
 * ``"max"``, ``"sum"`` and ``"mean"`` reduce element by element: arrays of
-  one dtype are laid end to end and reduced by one collective per dtype.
+  one dtype are laid end to end and reduced by one collective per dtype (a
+  ``"max"`` riding on a gather is the maximum over the gathered workers).
 
 Every kind acts element by element, so a tensor's result is the same, bit
 for bit, whether its messages travel alone or in a bucket, and each exchange
@@ -53,10 +55,18 @@ whose gradients backpropagation produces first, go first, as in DDP (Li et
 al., "PyTorch Distributed: Experiences on Accelerating Data Parallel
 Training", VLDB 2020, §3.2.3 and §4.2).
 
-The default, :data:`DEFAULT_BUCKET_BYTES` = 25 MiB, is DDP's ``bucket_cap_mb``;
-Horovod's fusion buffer is 64 MiB. Measured over emulated links
-(``docs/benchmarks.md``, "Whole models over links") a whole ResNet-110 (7 MB
-of float32) in one bucket is what makes its compressed step pay.
+The default, :data:`DEFAULT_BUCKET_BYTES` = 1 MiB, is the size of PyTorch
+DDP's first bucket (``_DEFAULT_FIRST_BUCKET_BYTES``, kept small so that
+communication starts early; its later buckets are 25 MiB, ``bucket_cap_mb``,
+and Horovod's fusion buffer 64 MiB). Here every bucket is that small: a
+compressed bucket carries a sixteenth to a thirty-second of its float bytes,
+and the pipeline (:func:`_pipelined`) overlaps a bucket's transfer with the
+next ones' encoding only if there are several. Measured over emulated links
+(``docs/benchmarks.md``, "Whole models over links": ResNet-110, 7 MB of
+float32, TernGrad at 2 processes over 100 Mbit/s), 1 MiB buckets reached
+0.76 of the wire ratio, 4 MiB 0.73 and one 25 MiB bucket 0.65. The price is
+more collectives on large models (GPT-2 small: about 470 a step), which
+fast interconnects may not repay: pass a larger ``bucket_bytes`` there.
 """
 
 from __future__ import annotations
@@ -72,7 +82,7 @@ from jax import lax
 from jaxcomp import core
 from jaxcomp import parallel
 
-DEFAULT_BUCKET_BYTES = 25 * 2**20
+DEFAULT_BUCKET_BYTES = 2**20
 
 
 def check_bucket_bytes(bucket_bytes: Any) -> None:
@@ -129,43 +139,67 @@ def run(steps: Sequence[Any], sizes: Sequence[int], bucket_bytes: int, axis_name
       parallel.is_device_axis(n) for n in parallel.axis_names(axis_name))
   if not fuse:
     return [parallel.run(s, axis_name) for s in steps]
-  bucket_of = {i: b for b, group in enumerate(assign(sizes, bucket_bytes)) for i in group}
-  return _lockstep(steps, bucket_of, axis_name)
+  return _pipelined(steps, assign(sizes, bucket_bytes), axis_name)
 
 
-def _lockstep(steps: Sequence[Any], bucket_of: dict[int, int], axis_name: parallel.AxisName) -> list[Any]:
-  """Advances every exchange together, round by round, with one collective per bucket and kind.
+def _pipelined(steps: Sequence[Any], groups: Sequence[Sequence[int]], axis_name: parallel.AxisName) -> list[Any]:
+  """Runs the buckets one after another, with one collective per bucket and round.
 
-  Agreements (``"max"``: a few scalars per tensor) are joined across all
-  buckets into one collective per round: a bucket's encoding waits for its
-  agreement, and with all of them agreed at once, XLA may run one bucket's
-  collective while the next bucket encodes (XLA:CPU's runtime runs
-  independent operations concurrently; GPU runtimes overlap communication
-  streams likewise).
+  A bucket's exchanges advance in lockstep: each round joins their messages
+  of one kind into one collective (:func:`deliver`). Its agreement (``"max"``:
+  a few values per tensor that a bucket's encoding waits for, such as
+  TernGrad's scalars) rides on the previous bucket's gather: that all-gather
+  also carries the next bucket's values, and each worker takes their maximum
+  over the gathered workers (exact, so the numbers are those of a ``pmax``).
+  Only the first bucket's agreement is a collective of its own.
+
+  This orders the step as a pipeline: bucket ``k + 1``'s encoding depends on
+  bucket ``k``'s gather and bucket ``k + 1``'s gather on that encoding, so the
+  wire starts with the first (small) bucket, and while one bucket's payload is
+  on the wire the next ones' statistics are computed and the earlier ones
+  decoded (XLA:CPU's runtime runs independent operations concurrently; a GPU
+  overlaps them on its streams). When every bucket's agreements were joined
+  into one collective, every bucket's statistics had to be computed before
+  any byte moved (ResNet-110 at 2 processes over 100 Mbit/s: 14 ms of a 55 ms
+  step; ``docs/benchmarks.md``).
   """
   results = [None] * len(steps)
-  pending = {}
 
-  def advance(i, reply):
+  def advance(into: dict, i: int, reply: Any) -> None:
     message, results[i] = parallel.advance(steps[i], reply)
     if message is not None:
-      pending[i] = message
+      into[i] = message
 
-  for i, s in enumerate(steps):
-    if inspect.isgenerator(s):
-      advance(i, None)
-    else:
-      results[i] = s
-  while pending:
-    current = dict(pending)
-    pending.clear()
-    groups = {}
-    for i in sorted(current, key=lambda i: (bucket_of[i], i)):
-      kind = current[i].kind
-      groups.setdefault((kind, -1 if kind == "max" else bucket_of[i]), []).append(i)
-    for (kind, _), ids in groups.items():
-      for i, reply in zip(ids, deliver([current[i].tree for i in ids], kind, axis_name)):
-        advance(i, reply)
+  def start(group: Sequence[int]) -> dict:
+    """The first message of each of a bucket's exchanges (a plain result is stored at once)."""
+    first = {}
+    for i in group:
+      if inspect.isgenerator(steps[i]):
+        advance(first, i, None)
+      else:
+        results[i] = steps[i]
+    return first
+
+  upcoming = start(groups[0]) if groups else {}
+  for b in range(len(groups)):
+    pending, upcoming = upcoming, None
+    while pending:
+      current, pending = pending, {}
+      rounds = {}
+      for i in sorted(current):
+        rounds.setdefault(current[i].kind, []).append(i)
+      for kind, ids in rounds.items():
+        riders = []
+        if kind == "gather" and upcoming is None and b + 1 < len(groups):
+          upcoming = start(groups[b + 1])
+          riders = [i for i in sorted(upcoming) if upcoming[i].kind == "max"]
+        replies = deliver([current[i].tree for i in ids] + [upcoming.pop(i).tree for i in riders], kind, axis_name)
+        for i, reply in zip(ids, replies):
+          advance(pending, i, reply)
+        for i, gathered in zip(riders, replies[len(ids):]):
+          advance(upcoming, i, jax.tree.map(parallel.max_leading, gathered))
+    if upcoming is None and b + 1 < len(groups):
+      upcoming = start(groups[b + 1])
   return results
 
 

@@ -261,7 +261,8 @@ def in_pieces(collective, a: jax.Array, message_bytes: int) -> jax.Array:
   return jnp.concatenate(parts, axis=-1)
 
 
-def _max_leading(x: jax.Array) -> jax.Array:
+def max_leading(x: jax.Array) -> jax.Array:
+  """The maximum over ``x``'s leading axis (a gathered worker axis), by halving: exact, as ``lax.pmax``."""
   while x.shape[0] > 1:
     if x.shape[0] % 2:
       x = jnp.concatenate([jnp.maximum(x[:1], x[-1:]), x[1:-1]])
@@ -299,7 +300,7 @@ def _reduce(kind: str, tree: Any, axis_name: AxisName) -> Any:
       def local(a, n=n):
         stacked = lax.all_gather(a, n)
         if kind == "max":
-          return _max_leading(stacked)
+          return max_leading(stacked)
         total = core.sum_leading(stacked).astype(a.dtype)
         return total / stacked.shape[0] if kind == "mean" else total
       tree = jax.tree.map(local, tree)

@@ -49,15 +49,17 @@ def test_bad_bucket_bytes_are_refused(bad):
 def _grads(step):
   """Per-worker gradients: tensors of several sizes and dtypes, one kept in float (min_size).
 
-  With ``bucket_bytes=4000`` they fill two buckets (leaves sort by key, buckets fill from the
-  last): ``half`` (a bfloat16 matrix) and ``dense``, encoded together, then ``bias`` (in float)
-  alone: fused rounds of mixed dtypes and a bucket boundary, at a small compile cost.
+  With ``bucket_bytes=4000`` they fill three buckets (leaves sort by key, buckets fill from the
+  last): ``wide`` alone, then ``half`` (a bfloat16 matrix) and ``dense``, encoded together, then
+  ``bias`` (in float) alone: fused rounds of mixed dtypes, a second bucket whose agreement rides
+  on the first one's gather, and a float bucket, at a small compile cost.
   """
   ks = jax.random.split(jax.random.PRNGKey(10 + step), 4)
   return {
       "dense": jax.random.normal(ks[0], (N, 40, 24)),
       "bias": jax.random.normal(ks[1], (N, 3)),  # < min_size: float
       "half": jax.random.normal(ks[2], (N, 12, 20)).astype(jnp.bfloat16),
+      "wide": jax.random.normal(ks[3], (N, 30, 40)) * 3.0,
   }
 
 
@@ -120,12 +122,12 @@ CASES = [n for n in jaxcomp.names() if n != "diloco"] + ["threelc_capacity", "tw
 
 @pytest.mark.parametrize("name", CASES)
 def test_buckets_give_the_numbers_of_the_per_tensor_exchange(name):
-  """Updates, states and metrics over two steps are bit-identical per tensor and in two buckets.
+  """Updates, states and metrics over two steps are bit-identical per tensor and in three buckets.
 
   Two devices with two vmap workers each: the fused collectives run over ("d", "w").
   """
   layout = "shard_map+vmap"
-  assert buckets.assign([4 * g[0].size for g in jax.tree.leaves(_grads(0))], 4000) == [[2, 1], [0]]
+  assert buckets.assign([4 * g[0].size for g in jax.tree.leaves(_grads(0))], 4000) == [[3], [2, 1], [0]]
   ref, _ = _run(name, layout, 0)
   got, _ = _run(name, layout, 4000)
   for a, b in zip(jax.tree.leaves(ref), jax.tree.leaves(got)):
@@ -158,6 +160,19 @@ def test_one_device_per_worker_same_numbers_and_fewer_collectives(name):
   # All-reduces: the non-finite flags, the agreed scalars (per dtype), the float tensors (per
   # dtype), PowerSGD's P and Q rounds: a handful, however many tensors.
   assert _ops(text, "all-reduce") <= 6, _ops(text, "all-reduce")
+
+
+def test_a_bucket_agreement_rides_on_the_previous_gather():
+  """shard_map over 4 devices, three buckets: TernGrad's numbers per tensor, and its collectives.
+
+  The first bucket's agreed scalars are an all-reduce; the second's travel in the first
+  bucket's all-gather; the float bucket is an all-reduce; the non-finite flags one more.
+  """
+  (ref, _), (got, step) = _run("terngrad", "shard_map", 0, steps=1), _run("terngrad", "shard_map", 4000, steps=1)
+  for a, b in zip(jax.tree.leaves(ref), jax.tree.leaves(got)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  text = step.lower(_grads(0), jax.tree.map(jnp.asarray, got[1])).compile().as_text()
+  assert (_ops(text, "all-gather"), _ops(text, "all-reduce")) == (2, 3)
 
 
 # -- encoding per bucket ------------------------------------------------------------

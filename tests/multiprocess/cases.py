@@ -38,10 +38,14 @@ CASES = {
                          _grads(n), 4),
 }
 
-# Buckets across processes: int8 (with error feedback, so residuals too) per tensor and bucketed.
+# Buckets across processes, per tensor and bucketed: int8 (with error feedback, so residuals
+# too) in one bucket, and TernGrad with each tensor a bucket of its own (the second bucket's
+# agreed scalar rides on the first bucket's all-gather).
 ALSO = {
     "terngrad": {
         "int8_per_tensor_": lambda axis: jaxcomp.int8(axis_name=axis, bucket_bytes=0),
         "int8_bucketed_": lambda axis: jaxcomp.int8(axis_name=axis),
+        "terngrad_per_tensor_": lambda axis: jaxcomp.terngrad(axis_name=axis, bucket_bytes=0),
+        "terngrad_bucketed_": lambda axis: jaxcomp.terngrad(axis_name=axis, bucket_bytes=64),
     },
 }
