@@ -162,7 +162,8 @@ def collectives(compiled_text: str) -> dict:
   """Collective ops in a compiled program's HLO text, by kind (``-start`` forms counted once)."""
   import re  # pylint: disable=g-import-not-at-top
   counts = {}
-  for kind in re.findall(r"= [^=]*? (all-gather|all-reduce|all-to-all|collective-permute|reduce-scatter)"
+  # A combined collective returns a tuple, "(f32[22]{0}, /*index=5*/f32[24]{0}, ...)".
+  for kind in re.findall(r"= (?:\([^()]*\)|\S+) (all-gather|all-reduce|all-to-all|collective-permute|reduce-scatter)"
                          r"(?:-start)?\(", compiled_text):
     counts[kind] = counts.get(kind, 0) + 1
   return counts

@@ -157,11 +157,19 @@ def _pipelined(steps: Sequence[Any], groups: Sequence[Sequence[int]], axis_name:
   bucket ``k``'s gather and bucket ``k + 1``'s gather on that encoding, so the
   wire starts with the first (small) bucket, and while one bucket's payload is
   on the wire the next ones' statistics are computed and the earlier ones
-  decoded (XLA:CPU's runtime runs independent operations concurrently; a GPU
-  overlaps them on its streams). When every bucket's agreements were joined
-  into one collective, every bucket's statistics had to be computed before
-  any byte moved (ResNet-110 at 2 processes over 100 Mbit/s: 14 ms of a 55 ms
-  step; ``docs/benchmarks.md``).
+  decoded. When every bucket's agreements were joined into one collective,
+  every bucket's statistics had to be computed before any byte moved
+  (ResNet-110 at 2 processes over 100 Mbit/s: the first byte at 16.5 ms of a
+  54 ms step; pipelined, at 14 ms of 44 ms: ``benchmarks.link --profile``).
+
+  Who overlaps what: XLA:CPU has no scheduler for it; its runtime runs every
+  operation whose inputs are ready on its thread pool, and a collective
+  blocks its thread while the others compute. On GPU, XLA runs collectives
+  asynchronously (NCCL on their own stream) and its latency-hiding scheduler
+  (``--xla_gpu_enable_latency_hiding_scheduler=true``, set in NVIDIA's JAX
+  images; JAX's "GPU performance tips") moves independent kernels into a
+  collective's span; these dependencies leave it the next buckets' encoding
+  to move there.
   """
   results = [None] * len(steps)
 

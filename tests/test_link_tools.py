@@ -188,3 +188,15 @@ def test_train_step_link_checks_arguments_and_reports(tmp_path, capsys):
   assert "| config | method | wire ratio | P=4, 100mbit |" in out
   assert "| lenet | `none` | 1.0 | 0.500 s |" in out
   assert f"| lenet | `terngrad` | {ratio:.1f} | 5.00× |" in out
+
+
+def test_collectives_counts_combined_and_async_collectives():
+  """One count per collective: plain, a combined one returning a tuple, and an async start/done pair."""
+  text = "\n".join([
+      "  %ag = u8[2,74096]{1,0} all-gather(%p), channel_id=2, dimensions={0}",
+      "  %all-reduce.993 = (f32[22]{0}, f32[156]{0}, f32[59]{0}, f32[24]{0}, f32[24]{0}, /*index=5*/f32[24]{0}, "
+      "f32[20]{0}) all-reduce(%a, %b, %c, %d, %e, /*index=5*/%f, %g), channel_id=3",
+      "  %ars = f32[8]{0} all-reduce-start(%x), channel_id=4",
+      "  %ard = f32[8]{0} all-reduce-done(%ars)",
+  ])
+  assert link.collectives(text) == {"all-gather": 1, "all-reduce": 2}
