@@ -162,15 +162,27 @@ def test_one_device_per_worker_same_numbers_and_fewer_collectives(name):
   assert _ops(text, "all-reduce") <= 6, _ops(text, "all-reduce")
 
 
-def test_a_bucket_agreement_rides_on_the_previous_gather():
+def test_a_bucket_agreement_rides_on_the_previous_gather(monkeypatch):
   """shard_map over 4 devices, three buckets: TernGrad's numbers per tensor, and its collectives.
 
-  The first bucket's agreed scalars are an all-reduce; the second's travel in the first
-  bucket's all-gather; the float bucket is an all-reduce; the non-finite flags one more.
+  The first bucket's agreed scalars go alone; the second's travel in the first bucket's
+  all-gather; then the second bucket's gather and the float bucket's mean. In the compiled
+  step: those all-gathers, and all-reduces for the first agreement, the float bucket and the
+  non-finite flags.
   """
-  (ref, _), (got, step) = _run("terngrad", "shard_map", 0, steps=1), _run("terngrad", "shard_map", 4000, steps=1)
+  delivered = []
+  deliver = buckets.deliver
+
+  def spy(trees, kind, axis_name):
+    delivered.append((kind, len(trees)))
+    return deliver(trees, kind, axis_name)
+
+  ref, _ = _run("terngrad", "shard_map", 0, steps=1)
+  monkeypatch.setattr(buckets, "deliver", spy)
+  got, step = _run("terngrad", "shard_map", 4000, steps=1)
   for a, b in zip(jax.tree.leaves(ref), jax.tree.leaves(got)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  assert delivered == [("max", 1), ("gather", 2), ("gather", 1), ("mean", 1)]
   text = step.lower(_grads(0), jax.tree.map(jnp.asarray, got[1])).compile().as_text()
   assert (_ops(text, "all-gather"), _ops(text, "all-reduce")) == (2, 3)
 
