@@ -45,6 +45,11 @@ def tree_nbytes(tree: Any) -> int:
   return total
 
 
+def is_traced(tree: Any) -> bool:
+  """Whether any leaf of ``tree`` is a tracer (inside ``jit``, ``vmap``, ``shard_map``): else it runs eagerly."""
+  return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(tree))
+
+
 def size_of(shape: Sequence[int]) -> int:
   """Number of elements of an array of ``shape`` (a Python int: exact for any size)."""
   return int(math.prod(shape))

@@ -68,8 +68,7 @@ def metrics(opt_state: Any) -> dict[str, Union[Count, jax.Array]]:
   NamedTuples come back as lists and dicts).
   """
   found = [x.metrics for x in core.worker_locals(opt_state)]
-  traced = any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(found))
-  out = _combine(found) if traced else _combine_jit(found)
+  out = _combine(found) if core.is_traced(found) else _combine_jit(found)
   if "float32_bytes" not in out:
     _explain_missing(opt_state)
   return out

@@ -80,6 +80,8 @@ import optax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from jaxcomp import core
+
 AxisNames = Union[str, tuple[str, ...]]
 
 
@@ -192,7 +194,7 @@ def per_shard(inner: optax.GradientTransformation, axes: AxisNames = "model") ->
     return PerShardState(inner=state, specs=specs, mesh=mesh, axes=names)
 
   def update_fn(updates, state, params=None, **extra_args):
-    if not any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((updates, state, params, extra_args))):
+    if not core.is_traced((updates, state, params, extra_args)):
       # Called eagerly: one compiled program, not the nested shard_map's operations one by one.
       return compiled_update(updates, state, params, **extra_args)
     return update(updates, state, params, **extra_args)
