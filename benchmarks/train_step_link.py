@@ -19,7 +19,8 @@ Usage::
 The configs: ``lenet`` is TG-F3's (``configs/terngrad_lenet.py:runlocal``,
 LeNet, total batch 64); ``resnet`` is 3LC-T1-link's
 (``configs/threelc_link.py``: ResNet-8, 32 images per worker, batch-norm
-tensors in float). Methods as in ``benchmarks.link`` (``name:key=value``).
+tensors in float); ``gpt_zoo`` is the language-model zoo's (``configs/zoo_gpt.py``:
+a 0.12M-parameter GPT on GCIDE text, total batch 32 windows of 64 bytes). Methods as in ``benchmarks.link`` (``name:key=value``).
 """
 
 from __future__ import annotations
@@ -47,7 +48,12 @@ def resnet_config(processes: int):
   return c
 
 
-CONFIGS = {"lenet": lenet_config, "resnet": resnet_config}
+def gpt_zoo_config(processes: int):
+  from configs import zoo_gpt  # pylint: disable=g-import-not-at-top
+  return zoo_gpt.get_config()
+
+
+CONFIGS = {"lenet": lenet_config, "resnet": resnet_config, "gpt_zoo": gpt_zoo_config}
 
 
 def _parse(argv):
@@ -113,10 +119,7 @@ def time_steps(run, steps: int) -> list[float]:
   """Seconds of ``steps`` training steps of ``run`` after 2 warm-up steps."""
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
-  from jaxcomp import data as data_lib  # pylint: disable=g-import-not-at-top
-  c = run.config
-  it = data_lib.make_pipeline(c.dataset, "train", global_batch_size=c.batch_size, train=True,
-                              start_step=0, **run.pipeline_kwargs)
+  it = run.train_pipeline(start_step=0)
   batches = [run.shard_batch(next(it)) for _ in range(3)]
   state, times = run.init_state(), []
   for i in range(steps + 2):
@@ -164,15 +167,17 @@ def wire_bytes(name: str, method: str, processes: int, overrides: tuple = ()) ->
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import jaxcomp  # pylint: disable=g-import-not-at-top
+  from experiments import build  # pylint: disable=g-import-not-at-top
   from experiments import optimizers  # pylint: disable=g-import-not-at-top
   from jaxcomp import data as data_lib  # pylint: disable=g-import-not-at-top
   from jaxcomp import models  # pylint: disable=g-import-not-at-top
   from jaxcomp import parallel  # pylint: disable=g-import-not-at-top
   c = _config(name, method, processes, overrides)
-  shape = tuple(data_lib.output_image_shape(c.dataset, c.augment, c.image_size, c.channels))
-  model = models.get_model(c.model, data_lib.get_spec(c.dataset).num_classes, **c.model_kwargs.to_dict())
+  spec = data_lib.get_spec(c.dataset)
+  shape, dtype = build.model_input(c, spec)
+  model = models.get_model(c.model, spec.num_classes, **c.model_kwargs.to_dict())
   key = jax.random.PRNGKey(0)
-  params = jax.eval_shape(lambda: model.init({"params": key, "dropout": key}, jnp.zeros((1,) + shape),
+  params = jax.eval_shape(lambda: model.init({"params": key, "dropout": key}, jnp.zeros((1,) + shape, dtype),
                                              train=False))["params"]
   grads = jax.tree.map(lambda p: jax.ShapeDtypeStruct((processes,) + p.shape, p.dtype), params)
   tx = optimizers.make_tx(c, "w")

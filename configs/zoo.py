@@ -58,8 +58,11 @@ ARGS = ("runlocal", "dataset", "tune", "diagnose")
 
 # Where the throughput and link timings are taken (experiments.zoo).
 THROUGHPUT_SIZE = "4M"
+LINK_CONFIG = "lenet"  # benchmarks.train_step_link's
 LINK_PROCESSES = 2
 LINK_RATE = "100mbit"
+LINK_TIMED_STEPS = 10
+LINK_STATISTIC = "median"  # of the timed steps
 
 # The learning rate of plain-SGD sign updates (signsgd, signum): every weight
 # moves by +-LR per step, whatever the gradient's scale, so TG-F3's 0.01 (with
@@ -191,24 +194,32 @@ SETTINGS: dict[str, dict] = {
 }
 
 
-def compressor_of(name: str) -> str:
-  """The registered compressor of a row: its name, or a labelled row's ``"compressor"``."""
-  return SETTINGS[name].get("compressor", name)
+def compressor_of(name: str, settings: dict | None = None) -> str:
+  """The registered compressor of a row of ``settings`` (default :data:`SETTINGS`): its name, or
+  a labelled row's ``"compressor"``."""
+  return (SETTINGS if settings is None else settings)[name].get("compressor", name)
 
 
-def registered() -> list[str]:
+def registered(settings: dict | None = None) -> list[str]:
   """The rows the zoo runs: those whose compressor is in :func:`jaxcomp.names` at run time."""
   import jaxcomp  # pylint: disable=g-import-not-at-top
-  return [n for n in SETTINGS if compressor_of(n) in jaxcomp.names()]
+  settings = SETTINGS if settings is None else settings
+  return [n for n in settings if compressor_of(n, settings) in jaxcomp.names()]
 
 
-def overrides(name: str, seed: int) -> dict:
+def overrides(name: str, seed: int, settings: dict | None = None) -> dict:
   """The sweep overrides of one row and seed."""
-  row = SETTINGS[name]
-  out = {"compressor": compressor_of(name), "seed": seed, **row.get("config", {})}
+  settings = SETTINGS if settings is None else settings
+  row = settings[name]
+  out = {"compressor": compressor_of(name, settings), "seed": seed, **row.get("config", {})}
   if row["kwargs"]:
     out["compressor_kwargs"] = dict(row["kwargs"])
   return out
+
+
+def seeded(names: list[str], seeds: tuple[int, ...], settings: dict | None = None) -> list[tuple[str, dict]]:
+  """Each row x seed as a sweep entry ``(<row>/seed<S>, overrides)``."""
+  return [(f"{name}/seed{seed}", overrides(name, seed, settings)) for name in names for seed in seeds]
 
 
 def get_sweep(arg: str | None = None) -> list[tuple[str, dict]]:
@@ -223,7 +234,7 @@ def get_sweep(arg: str | None = None) -> list[tuple[str, dict]]:
             for name, runs in DIAGNOSES.items() if name in registered() for label, extra in runs.items()]
   names = [n for n in registered() if "runlocal" not in args or n in RUNLOCAL_NAMES]
   seeds = SEEDS[:1] if "runlocal" in args else SEEDS
-  return [(f"{name}/seed{seed}", overrides(name, seed)) for name in names for seed in seeds]
+  return seeded(names, seeds)
 
 
 def _with_kwarg(out: dict, key: str, value) -> dict:

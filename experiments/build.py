@@ -88,6 +88,15 @@ class Run:
     return state.ema_params if self.config.eval_with_ema else state.params
 
 
+def model_input(config: ml_collections.ConfigDict, spec) -> tuple[tuple[int, ...], Any]:
+  """The shape of one example as the model takes it, and its dtype: a window of ``seq_len`` byte
+  tokens (int32) for a text corpus, else the image after augmentation (float32)."""
+  if spec.modality == "text":
+    return (config.seq_len,), jnp.int32
+  return tuple(data_lib.output_image_shape(config.dataset, config.augment, config.image_size,
+                                           config.channels)), jnp.float32
+
+
 def build(config: ml_collections.ConfigDict, workdir: str) -> Run:
   """Sets the run up in named steps; nothing is trained yet."""
   writers.write_config(config, workdir)
@@ -97,12 +106,10 @@ def build(config: ml_collections.ConfigDict, workdir: str) -> Run:
                          image_size=config.image_size, channels=config.channels,
                          process_index=jax.process_index(), process_count=jax.process_count())
   # The eval pipeline first: absent data (ImageNet here) fails at once, before the model is built.
+  image_shape, input_dtype = model_input(config, spec)
   if spec.modality == "text":
-    image_shape, input_dtype = (config.seq_len,), jnp.int32
     eval_pipeline = lm.pipeline(config, "test", global_batch_size=validation.eval_batch_size(config))
   else:
-    image_shape, input_dtype = tuple(data_lib.output_image_shape(
-        config.dataset, config.augment, config.image_size, config.channels)), jnp.float32
     eval_pipeline = data_lib.make_pipeline(config.dataset, "test", train=False,
                                            global_batch_size=validation.eval_batch_size(config),
                                            **pipeline_kwargs)

@@ -39,15 +39,38 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 STEPS = ("accuracy", "throughput", "link", "report")
 NOT_MEASURED = "not measured"
+# The zoos of docs/zoo.md, in its order: LeNet on images, then a small GPT on text.
+CONFIGS = ("configs/zoo.py", "configs/zoo_gpt.py")
+
+
+class Metric(NamedTuple):
+  """What a zoo's table ranks by: a ``summary.json`` key, shown as ``column`` (times ``scale``)."""
+  key: str
+  name: str
+  column: str
+  scale: float
+  digits: int
+  higher_is_better: bool
+  zoom: float  # the plot's second panel: rows within this much of the best mean
+  unit: str  # of ``zoom``, in words
+
+
+METRICS = {
+    "test_accuracy": Metric("test_accuracy", "Accuracy", "test accuracy (%)", 100.0, 2, True, 5.0, "points"),
+    "test_bits_per_byte": Metric("test_bits_per_byte", "Bits per byte", "held-out bits per byte", 1.0, 3, False, 0.25,
+                                 "bits per byte"),
+}
 
 
 def _parse(argv):
   p = argparse.ArgumentParser(prog="python -m experiments.zoo", description=__doc__.split("\n")[0])
-  p.add_argument("--config", default="configs/zoo.py", help="the zoo config, optionally with ':ARG'")
+  p.add_argument("--config", action="append", default=None,
+                 help="a zoo config, optionally with ':ARG' (repeatable; default: "
+                      f"{' and '.join(CONFIGS)}, one page)")
   p.add_argument("--root", default="runs", help="root of the runs (the zoo's files go under ROOT/zoo)")
   p.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated, of {list(STEPS)}")
   p.add_argument("--report", action="store_true", help="only the report (same as --steps report)")
@@ -55,9 +78,11 @@ def _parse(argv):
   p.add_argument("--plot", default="docs/zoo.png")
   p.add_argument("--size", default=None, help="throughput tensor size (default: the config's, 4M)")
   p.add_argument("--repeats", type=int, default=7, help="throughput repeats (benchmarks.compressors)")
-  p.add_argument("--link_steps", type=int, default=10, help="timed training steps per compressor (link)")
+  p.add_argument("--link_steps", type=int, default=None,
+                 help="timed training steps per compressor (link; default: the config's LINK_TIMED_STEPS)")
   p.add_argument("--force", action="store_true", help="measure throughput/link rows even if present")
   args = p.parse_args(argv)
+  args.config = args.config or list(CONFIGS)
   args.steps = ["report"] if args.report else [s.strip() for s in args.steps.split(",") if s.strip()]
   bad = [s for s in args.steps if s not in STEPS]
   if bad:
@@ -83,14 +108,16 @@ class Zoo:
     self.runs_dir = os.path.join(self.dir, self.base.dataset)
     self.throughput_json = os.path.join(self.dir, "throughput.json")
     self.link_json = os.path.join(self.dir, "link_steps.json")
+    self.metric = METRICS[getattr(self.module, "METRIC", "test_accuracy")]
 
   def studies(self) -> dict[str, "Zoo"]:
-    """The tuning sweeps and the diagnoses of this zoo (``:tune``, ``:diagnose``); none for ``runlocal``."""
+    """The tuning sweeps and the diagnoses of this zoo (``:tune``, ``:diagnose``, where its config
+    takes them); none for ``runlocal``."""
     if "runlocal" in self.arg.split(","):
       return {}
     path = self.config_arg.partition(":")[0]
     return {study: Zoo(f"{path}:{','.join(filter(None, [self.arg, study]))}", self.root)
-            for study in ("tune", "diagnose")}
+            for study in ("tune", "diagnose") if study in self.module.ARGS}
 
   def names(self) -> list[str]:
     """Registered compressors that this sweep runs, in ``SETTINGS`` order."""
@@ -116,13 +143,12 @@ class Zoo:
     return self.row(name).get("compressor", name) if name in self.module.SETTINGS else name
 
   def link_overrides(self, name: str) -> tuple[str, ...]:
-    """The row's config overrides that the link timing keeps: the optimizer and its learning rate.
-
-    Some compressors need their optimizer to build at all (1-bit Adam is the
-    optimizer and wants plain SGD after it); ``min_size`` goes in the method.
+    """The row's config overrides that the link timing keeps: all but ``min_size``, which goes in
+    the method (the optimizer and its learning rate; 1-bit Adam, the optimizer itself, needs plain
+    SGD after it to build at all, and no clipping after it).
     """
     config = self.row(name).get("config", {})
-    return tuple(f"{k}={config[k]}" for k in ("optimizer", "learning_rate") if k in config)
+    return tuple(f"{k}={v}" for k, v in config.items() if k != "min_size")
 
   def timing_kwargs(self, name: str) -> dict:
     """The row's kwargs, with its ``timing`` ones: warm-ups end before the timed calls."""
@@ -279,7 +305,7 @@ def _time_link_steps(zoo: Zoo, names: list[str], overrides: tuple[str, ...], tim
   part = zoo.link_json + ".part"
   os.makedirs(zoo.dir, exist_ok=True)
   cmd = [sys.executable, "-m", "benchmarks.train_step_link", "--processes", str(zoo.module.LINK_PROCESSES),
-         "--link", zoo.module.LINK_RATE, "--configs", "lenet", "--methods", ",".join(zoo.method(n) for n in names),
+         "--link", zoo.module.LINK_RATE, "--configs", zoo.module.LINK_CONFIG, "--methods", ",".join(zoo.method(n) for n in names),
          "--steps", str(timed_steps), "--json", part] + [f"--set={kv}" for kv in overrides]
   print(f"[zoo] {' '.join(cmd[1:])}", flush=True)
   proc = subprocess.run(cmd)
@@ -310,9 +336,10 @@ def _summaries(zoo: Zoo) -> dict[str, list[dict]]:
   return out
 
 
-def accuracy_cells(summaries: list[dict]) -> dict[str, Any]:
-  """Mean, sample standard deviation and range of the seeds' test accuracies (%), bytes per step."""
-  accs = [100 * s["test_accuracy"] for s in summaries]
+def accuracy_cells(summaries: list[dict], metric: Metric = METRICS["test_accuracy"]) -> dict[str, Any]:
+  """Mean, sample standard deviation and range of the seeds' ``metric`` (test accuracy in %, by
+  default), bytes per step."""
+  accs = [metric.scale * s[metric.key] for s in summaries]
   wire = statistics.mean(s["mean_bytes_on_wire"] for s in summaries)
   floats = statistics.mean(s["float32_bytes"] for s in summaries)
   return {"seeds": len(accs), "mean": statistics.mean(accs),
@@ -340,12 +367,19 @@ def rows(zoo: Zoo) -> list[dict]:
   for name in names:
     row = zoo.module.SETTINGS.get(name, {"kwargs": {}, "paper": "(no SETTINGS row)"})
     out.append({"name": name, "settings": settings_text(row), "paper": row["paper"],
-                "acc": accuracy_cells(summaries[name]) if name in summaries else None,
-                "throughput": thr.get(name), "link_s": link[name]["step_time_sec"] if name in link else None})
+                "acc": accuracy_cells(summaries[name], zoo.metric) if name in summaries else None,
+                "throughput": thr.get(name), "link_s": link_seconds(zoo, link[name]) if name in link else None})
   base = next((r["link_s"] for r in out if r["name"] == "none"), None)
   for r in out:
     r["link_speedup"] = base / r["link_s"] if base and r["link_s"] else None
   return out
+
+
+def link_seconds(zoo: Zoo, result: dict) -> float:
+  """A row's step over the link: the median or the mean of its timed steps (``LINK_STATISTIC``)."""
+  if zoo.module.LINK_STATISTIC == "mean":
+    return statistics.mean(result["times_s"])
+  return result["step_time_sec"]  # benchmarks.train_step_link's median
 
 
 def _size_label(n: int) -> str:
@@ -357,12 +391,12 @@ def _fmt_bytes(b: float) -> str:
   return f"{b / 1e6:.3f} MB" if b >= 1e5 else f"{b / 1e3:.1f} kB"
 
 
-def _acc_text(a: Optional[dict]) -> tuple[str, str]:
+def _acc_text(a: Optional[dict], digits: int = 2) -> tuple[str, str]:
   if a is None:
     return NOT_MEASURED, "—"
-  spread = (f"± {a['sd']:.2f} ({a['min']:.2f}–{a['max']:.2f})" if a["sd"] is not None
+  spread = (f"± {a['sd']:.{digits}f} ({a['min']:.{digits}f}–{a['max']:.{digits}f})" if a["sd"] is not None
             else "one seed")
-  return f"{a['mean']:.2f}", spread
+  return f"{a['mean']:.{digits}f}", spread
 
 
 def _throughput_text(name: str, r: Optional[dict]) -> str:
@@ -379,26 +413,29 @@ def _wrappers() -> set[str]:
 
 
 def table(zoo: Zoo, rs: list[dict]) -> list[str]:
-  lines = ["| compressor | settings | test accuracy (%) | spread over seeds | bytes / worker / step | "
-           "ratio to float | encode+decode (vs float32 copy) | step over link (s) | speedup | "
-           "settings from |",
-           "|---|---|---:|---|---:|---:|---:|---:|---:|---|"]
+  """The zoo's table; the encode+decode column where the zoo times throughput."""
+  thr = bool(zoo.module.THROUGHPUT_SIZE)
+  lines = [f"| compressor | settings | {zoo.metric.column} | spread over seeds | bytes / worker / step | "
+           "ratio to float | " + ("encode+decode (vs float32 copy) | " if thr else "")
+           + "step over link (s) | speedup | settings from |",
+           "|---|---|---:|---|---:|---:|" + ("---:|" if thr else "") + "---:|---:|---|"]
   for r in rs:
-    acc, spread = _acc_text(r["acc"])
+    acc, spread = _acc_text(r["acc"], zoo.metric.digits)
     wire = _fmt_bytes(r["acc"]["bytes"]) if r["acc"] else NOT_MEASURED
     ratio = f"{r['acc']['ratio']:.1f}×" if r["acc"] else NOT_MEASURED
     link = f"{r['link_s']:.3f}" if r["link_s"] is not None else NOT_MEASURED
     speed = f"{r['link_speedup']:.2f}×" if r["link_speedup"] else "—"
+    encode = f"{_throughput_text(zoo.compressor(r['name']), r['throughput'])} | " if thr else ""
     lines.append(f"| `{r['name']}` | {r['settings']} | {acc} | {spread} | {wire} | {ratio} | "
-                 f"{_throughput_text(zoo.compressor(r['name']), r['throughput'])} | {link} | {speed} | {r['paper']} |")
+                 f"{encode}{link} | {speed} | {r['paper']} |")
   return lines
 
 
-def plot(rs: list[dict], path: str, title: str) -> Optional[str]:
-  """Accuracy (mean, bars: min–max over seeds) against bytes per worker per step, log x.
+def plot(rs: list[dict], path: str, title: str, metric: Metric = METRICS["test_accuracy"]) -> Optional[str]:
+  """``metric`` (mean, bars: min–max over seeds) against bytes per worker per step, log x.
 
-  Two panels: every compressor, and a zoom on those within 5 points of the best mean (they
-  crowd near the top of the first panel).
+  Two panels: every compressor, and a zoom on those within ``metric.zoom`` of the best mean
+  (they crowd near the best in the first panel).
   """
   pts = [r for r in rs if r["acc"]]
   if not pts:
@@ -406,8 +443,9 @@ def plot(rs: list[dict], path: str, title: str) -> Optional[str]:
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  best = max(r["acc"]["mean"] for r in pts)
-  top = [r for r in pts if r["acc"]["mean"] >= best - 5]
+  sign = 1 if metric.higher_is_better else -1
+  best = sign * max(sign * r["acc"]["mean"] for r in pts)
+  top = [r for r in pts if sign * (best - r["acc"]["mean"]) <= metric.zoom]
   color = {r["name"]: f"C{k % 10}" for k, r in enumerate(pts)}  # the same in both panels
   fig, axes = plt.subplots(1, 2, figsize=(14, 5.5))
   for ax, group in zip(axes, (pts, top)):
@@ -420,9 +458,10 @@ def plot(rs: list[dict], path: str, title: str) -> Optional[str]:
     ax.set_xscale("log")
     ax.set_xlabel("bytes on the wire per worker per step (log)")
     ax.grid(alpha=0.3, which="both")
-  axes[0].set_ylabel("test accuracy (%), mean over seeds; bars: min–max")
+  axes[0].set_ylabel(f"{metric.column}, mean over seeds; bars: min–max")
   axes[0].set_title(title, fontsize=10)
-  axes[1].set_title(f"zoom: within 5 points of the best mean ({best:.2f}%)", fontsize=10)
+  axes[1].set_title(f"zoom: within {metric.zoom:g} {metric.unit} of the best mean ({best:.{metric.digits}f})",
+                    fontsize=10)
   fig.tight_layout()
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   fig.savefig(path, dpi=110)
@@ -430,23 +469,50 @@ def plot(rs: list[dict], path: str, title: str) -> Optional[str]:
   return path
 
 
-def report(zoo: Zoo, out: str, plot_path: str) -> str:
-  """Writes ``out`` (Markdown) and ``plot_path`` (PNG) from the files under ``ROOT/zoo``."""
-  m, c = zoo.module, zoo.base
+def plot_path(plot: str, zoo: Zoo, first: bool) -> str:
+  """The first zoo's plot is ``plot``; a further zoo's is ``<plot stem>_<its model>.png``."""
+  return plot if first else plot.replace(".png", f"_{zoo.base.model}.png")
+
+
+def report(zoos: list[Zoo], out: str, plot: str) -> str:
+  """Writes ``out`` (Markdown) and the zoos' plots (PNG, :func:`plot_path`) from their files alone:
+  a section per zoo, by what its table ranks (image accuracy, or a language model's bits per byte)."""
+  lines = ["# The compressor zoo: every compressor on the same run", "",
+           "Generated by `python -m experiments.zoo --report` from the files under "
+           + " and ".join(f"`{z.dir}/`" for z in zoos)
+           + "; do not edit by hand. `python -m experiments.zoo` reruns only what is missing.", ""]
+  for k, zoo in enumerate(zoos):
+    section = _vision_section if zoo.metric.key == "test_accuracy" else _language_section
+    lines += section(zoo, out, plot_path(plot, zoo, k == 0))
+  text = "\n".join(lines).rstrip() + "\n"
+  os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+  with open(out, "w") as f:
+    f.write(text)
+  return text
+
+
+def _plot_line(drawn: Optional[str], out: str, alt: str) -> list[str]:
+  if not drawn:
+    return []
+  return [f"![{alt}]({os.path.relpath(os.path.abspath(drawn), os.path.dirname(os.path.abspath(out)))})", ""]
+
+
+def _section_facts(zoo: Zoo) -> tuple[list[dict], list[dict], list[int], list[int]]:
+  """A zoo's rows, those measured, their step counts and the sweep's seeds."""
   rs = rows(zoo)
   measured = [r for r in rs if r["acc"]]
   steps = sorted({r["acc"]["steps"] for r in measured})
-  seeds = sorted({o["seed"] for _, o in m.get_sweep(zoo.arg or None)})
+  return rs, measured, steps, sorted({o["seed"] for _, o in zoo.module.get_sweep(zoo.arg or None)})
+
+
+def _vision_section(zoo: Zoo, out: str, plot_path: str) -> list[str]:
+  """The LeNet zoo: its run, the table and plot, and the findings behind its labelled rows."""
+  m, c = zoo.module, zoo.base
+  rs, measured, steps, seeds = _section_facts(zoo)
   thr_doc, link_doc = _load(zoo.throughput_json), _load(zoo.link_json)
   thr_size = _size_label(thr_doc["size"]) if thr_doc else m.THROUGHPUT_SIZE
   drawn = plot(rs, plot_path, f"LeNet, {c.dataset}, {c.workers} workers, {'/'.join(map(str, steps))} steps")
-  rel = os.path.relpath(os.path.abspath(plot_path), os.path.dirname(os.path.abspath(out)))
   lines = [
-      "# The compressor zoo: every compressor on the same run",
-      "",
-      "Generated by `python -m experiments.zoo --report` from the files under "
-      f"`{zoo.dir}/`; do not edit by hand. `python -m experiments.zoo` reruns only what is missing.",
-      "",
       f"**The run.** TG-F3's LeNet (`configs/terngrad_lenet.py`) on `{c.dataset}` (real images), "
       f"total batch {c.batch_size} over {c.workers} simulated workers, momentum SGD "
       f"({c.momentum}, base LR {c.learning_rate}, polynomial decay with power {c.lr_power}), weight "
@@ -485,17 +551,65 @@ def report(zoo: Zoo, out: str, plot_path: str) -> str:
       "*not measured* has no measurement in the committed files.",
       "",
   ]
-  if measured:
-    lines += [f"![accuracy against bytes]({rel})", ""] if drawn else []
+  lines += _plot_line(drawn, out, "accuracy against bytes")
   lines += table(zoo, rs) + [""]
   lines += _weak_runs(zoo)
   lines += _findings(zoo, plot_path, out)
   lines += _provenance(zoo, rs, thr_doc, link_doc)
-  text = "\n".join(lines).rstrip() + "\n"
-  os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-  with open(out, "w") as f:
-    f.write(text)
-  return text
+  return lines
+
+
+def _language_section(zoo: Zoo, out: str, plot_path: str) -> list[str]:
+  """The language-model zoo (``configs/zoo_gpt.py``): its run, corpus, table and plot."""
+  m, c = zoo.module, zoo.base
+  rs, measured, steps, seeds = _section_facts(zoo)
+  one = next(iter(_summaries(zoo).values()), [{}])[0]  # the corpus and model, as a run recorded them
+  link_doc = _load(zoo.link_json)
+  mk = c.model_kwargs
+  drawn = plot(rs, plot_path, f"GPT ({one.get('parameters', 0):,} parameters), {c.dataset}, {c.workers} workers, "
+               f"{'/'.join(map(str, steps))} steps", zoo.metric)
+  corpus = (f"{one['corpus']} ({one['corpus_license']}; {one['train_bytes']:,} bytes to train on, "
+            f"{one['test_bytes']:,} held out)" if "corpus" in one else f"`{c.dataset}`")
+  unigram = (f" The baseline to beat: the unigram entropy of the held-out bytes, "
+             f"{one['unigram_held_out_bits_per_byte']:.3f} bits per byte." if "corpus" in one else "")
+  lines = [
+      "## A language model: every compressor and DiLoCo on a small GPT", "",
+      f"**The run.** A decoder-only GPT (`jaxcomp/models/gpt.py`: pre-LayerNorm, causal attention, tied "
+      f"embeddings) of {one.get('parameters', 0):,} parameters (context {mk.context}, width {mk.width}, "
+      f"{mk.depth} blocks of {mk.heads} heads) on {corpus}. {c.workers} simulated workers, total batch "
+      f"{c.batch_size} windows of {c.seq_len} bytes, AdamW (LR {c.learning_rate:g}, β2 {c.adam_b2}, "
+      f"decoupled weight decay {c.weight_decay} on the matrices), {c.lr_warmup_steps} warm-up steps then "
+      f"cosine decay to {c.lr_end:g}, gradients clipped to global norm {c.grad_clip_norm:g}; the same "
+      f"{'/'.join(map(str, steps)) or c.num_train_steps} steps and seeds {', '.join(map(str, seeds))} for "
+      f"every row (`configs/zoo_gpt.py`, the recipe of `configs/gpt_text.py:runlocal`). Bits per byte: "
+      f"the loss on {c.eval_windows:,} held-out windows, in bits per byte.{unigram}", "",
+      "**Reduced scale.** A smaller model and a shorter run than `configs/gpt_text.py:runlocal`'s "
+      "(see `configs/zoo_gpt.py`), so that the whole table fits in about an hour and a half of a 2-core "
+      "CPU machine; each run is its own process (`experiments.sweep`): "
+      + _timing_text(measured) + " The values rank the methods after a short run; they are not "
+      "converged, and methods that start slowly (warm-ups, long local periods) are at a disadvantage "
+      "here that a full run would not show.", "",
+      "**One rule for every row.** Every tensor goes through the compressor, with the vision table's "
+      "settings (its papers'; `min_size` where a paper keeps small tensors in float), and AdamW after "
+      "the exchange, for every row: the vision table's per-row optimizers were chosen for momentum SGD on "
+      "LeNet. The exception is 1-bit Adam, which is the optimizer: Adam's own ε (1e-8) and the recipe's "
+      "β2, plain SGD after it applying the schedule, no clipping after it. DiLoCo's rows run AdamW as the "
+      "inner optimizer for H steps without communication, then exchange the pseudo-gradient (float32, "
+      "or 8-bit with error feedback) and apply it with Nesterov SGD (LR 0.7, momentum 0.9).", "",
+      "**Columns.** Bits per byte: mean over the seeds (lower is better); spread: sample standard "
+      "deviation and min–max. Bytes: what one worker sends per step, averaged over the run's steps, so "
+      "`local_steps` and DiLoCo count their silent steps; ratio: float32 bytes over those. Step over link: "
+      f"the mean of {m.LINK_TIMED_STEPS} whole training steps at {m.LINK_PROCESSES} processes, one worker "
+      f"each (the same total batch), over an emulated {m.LINK_RATE} link (`benchmarks.train_step_link`, "
+      "warm-ups ended before the timed steps): a mean rather than a median, over whole DiLoCo periods, "
+      "so that one exchanging step in H counts as it does in a run; speedup: float's time over the row's.",
+      "",
+  ]
+  lines += _plot_line(drawn, out, "bits per byte against bytes")
+  lines += table(zoo, rs) + [""]
+  lines += _weak_runs(zoo)
+  lines += _provenance(zoo, rs, None, link_doc, heading="###")
+  return lines
 
 
 def _study_runs(study: Zoo) -> dict[str, dict]:
@@ -597,16 +711,25 @@ def _diagnosis_plot(runs: dict[str, dict], path: str) -> Optional[str]:
 
 
 def _weak_runs(zoo: Zoo, below: float = 0.5) -> list[str]:
-  """A line per run that ended below ``below`` test accuracy, with its final losses, so the table's
-  low cells and wide spreads are read for what they are."""
+  """A line per run that ended below ``below`` test accuracy (a language model: at or above the
+  held-out bytes' unigram entropy, so learning no more than byte frequencies), with its final
+  losses, so the table's weak cells and wide spreads are read for what they are."""
+  text = zoo.metric.key == "test_bits_per_byte"
   out = []
   for name, summaries in _summaries(zoo).items():
     for s in summaries:
-      if s["test_accuracy"] < below:
+      if text and not s[zoo.metric.key] < s["unigram_held_out_bits_per_byte"]:
+        out.append(f"`{name}` seed {s['seed']}: {s[zoo.metric.key]:.3f} bits per byte (unigram "
+                   f"{s['unigram_held_out_bits_per_byte']:.3f}), final training loss {s['final_train_loss']:.3f}")
+      elif not text and s["test_accuracy"] < below:
         out.append(f"`{name}` seed {s['seed']}: {100 * s['test_accuracy']:.2f}% (chance is 10%), final "
                    f"training loss {s['final_train_loss']:.3f}, test loss {s['test_loss']:.3f}")
   if not out:
     return []
+  if text:
+    return ["**Runs that ended no better than the unigram entropy** (part of the means above, not left "
+            "out): " + "; ".join(out) + ". At these settings and this short run they learn no more than "
+            "the bytes' frequencies; the settings are their papers', not tuned for this model.", ""]
   return [f"**Runs that ended below {below:.0%} test accuracy** (part of the means above, not left "
           "out): " + "; ".join(out) + ". At these settings and this short run they learn slowly "
           "or not at all; the settings are their papers', not tuned for LeNet here.", ""]
@@ -625,16 +748,18 @@ def _timing_text(measured: list[dict]) -> str:
           "loading the data), on a machine shared with other jobs.")
 
 
-def _provenance(zoo: Zoo, rs: list[dict], thr_doc, link_doc) -> list[str]:
-  out = ["## Where the numbers come from", ""]
+def _provenance(zoo: Zoo, rs: list[dict], thr_doc, link_doc, heading: str = "##") -> list[str]:
+  out = [f"{heading} Where the numbers come from", ""]
   missing = [r["name"] for r in rs if not r["acc"]]
   configured = zoo.seeds_per_name()
   partial = [f"{r['name']} ({r['acc']['seeds']} of {configured.get(r['name'], 0)})" for r in rs
              if r["acc"] and r["acc"]["seeds"] < configured.get(r["name"], 0)]
-  out.append(f"* Accuracy and bytes: `{zoo.runs_dir}/<compressor>/seed<S>/summary.json` (each run's "
+  out.append(f"* {zoo.metric.name} and bytes: `{zoo.runs_dir}/<compressor>/seed<S>/summary.json` (each run's "
              "`command.txt` reruns it). " + (f"Not run yet: {', '.join(missing)}. " if missing else "")
              + (f"Fewer seeds than configured: {', '.join(partial)}." if partial else ""))
-  if thr_doc:
+  if not zoo.module.THROUGHPUT_SIZE:
+    pass  # this zoo times no throughput
+  elif thr_doc:
     out.append(f"* Throughput: `{zoo.throughput_json}` ({thr_doc['machine']}, JAX {thr_doc['jax']}, "
                f"median of {thr_doc['repeats']} repeats).")
   else:
@@ -646,7 +771,7 @@ def _provenance(zoo: Zoo, rs: list[dict], thr_doc, link_doc) -> list[str]:
   else:
     out.append("* Link step times: not measured yet (`sudo .venv/bin/python -m experiments.zoo --steps "
                "link,report` on an idle machine; needs root and iproute2).")
-  out += ["", "To rerun one cell by hand: `python -m experiments.train --config configs/zoo.py --workdir DIR "
+  out += ["", f"To rerun one cell by hand: `python -m experiments.train --config {zoo.config_arg} --workdir DIR "
           "--config.compressor=NAME --config.compressor_kwargs='{...}' --config.seed=S` with the row's "
           "settings (non-kwarg settings such as `min_size` or `optimizer` as `--config.KEY=VALUE`).", ""]
   return out
@@ -654,17 +779,18 @@ def _provenance(zoo: Zoo, rs: list[dict], thr_doc, link_doc) -> list[str]:
 
 def main(argv=None) -> int:
   args = _parse(sys.argv[1:] if argv is None else list(argv))
-  zoo = Zoo(args.config, args.root)
-  print(f"[zoo] {len(zoo.names())} compressors: {', '.join(zoo.names())}", flush=True)
-  if "accuracy" in args.steps:
-    run_accuracy(zoo)
-  if "throughput" in args.steps:
-    run_throughput(zoo, args.size or zoo.module.THROUGHPUT_SIZE, args.repeats, args.force)
-  if "link" in args.steps:
-    run_link(zoo, args.link_steps, args.force)
+  zoos = [Zoo(config, args.root) for config in args.config]
+  for zoo in zoos:
+    print(f"[zoo] {zoo.config_arg}: {len(zoo.names())} rows: {', '.join(zoo.names())}", flush=True)
+    if "accuracy" in args.steps:
+      run_accuracy(zoo)
+    if "throughput" in args.steps and zoo.module.THROUGHPUT_SIZE:  # None: this zoo has no such column
+      run_throughput(zoo, args.size or zoo.module.THROUGHPUT_SIZE, args.repeats, args.force)
+    if "link" in args.steps:
+      run_link(zoo, args.link_steps or zoo.module.LINK_TIMED_STEPS, args.force)
   if "report" in args.steps:
-    report(zoo, args.out, args.plot)
-    print(f"[zoo] wrote {args.out} and {args.plot}", flush=True)
+    report(zoos, args.out, args.plot)
+    print(f"[zoo] wrote {args.out} and its plots", flush=True)
   return 0
 
 

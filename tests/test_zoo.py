@@ -10,6 +10,7 @@ import jaxcomp
 from _report_tables import number, numbers, row, table
 from benchmarks import link
 from configs import zoo as zoo_config
+from configs import zoo_gpt
 from experiments import zoo
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -125,10 +126,10 @@ def test_runlocal_runs_then_reports_from_files_alone(tmp_path, monkeypatch, capf
   # In this process (JAX is up already); the sweep's training runs are subprocesses, on one device each.
   monkeypatch.chdir(ROOT)
   monkeypatch.setenv("XLA_FLAGS", "")
-  base = ["--config", "configs/zoo.py:runlocal", "--root", str(tmp_path)]
+  base = ["--config", "configs/zoo.py:runlocal", "--config", "configs/zoo_gpt.py:runlocal", "--root", str(tmp_path)]
   docs = ["--out", str(tmp_path / "zoo.md"), "--plot", str(tmp_path / "zoo.png")]
   assert zoo.main(base + ["--steps", "accuracy,throughput,report", "--size", "64K", "--repeats", "1"] + docs) == 0
-  assert "2 runs: 0 done, 0 partial, 2 to do" in capfd.readouterr().out
+  assert capfd.readouterr().out.count("2 runs: 0 done, 0 partial, 2 to do") == 2  # each zoo's sweep
 
   runs = tmp_path / "zoo" / "mnist5k"
   s = {n: json.load(open(runs / n / "seed0" / "summary.json")) for n in zoo_config.RUNLOCAL_NAMES}
@@ -154,6 +155,17 @@ def test_runlocal_runs_then_reports_from_files_alone(tmp_path, monkeypatch, capf
   assert numbers(tg["encode+decode (vs float32 copy)"])[0] == round(thr["results"][0]["melem_per_s"])
   assert "clip_sigma=2.5" in tg["settings"]
   assert (tmp_path / "zoo.png").stat().st_size > 0
+
+  # The language model's section, on the same page, ranked by bits per byte; no throughput timed.
+  assert not (tmp_path / "zoo_gpt" / "throughput.json").exists()
+  lm = text.split("## A language model")[1]
+  cells = table(lm, "compressor", "held-out bits per byte")
+  for name in zoo_gpt.RUNLOCAL_NAMES:
+    summary = json.load(open(tmp_path / "zoo_gpt" / "gcide" / name / "seed0" / "summary.json"))
+    assert summary["steps"] == zoo_gpt.RUNLOCAL_STEPS and summary["model"] == "gpt"
+    bits = number(row(cells, compressor=f"`{name}`")["held-out bits per byte"])
+    assert bits == round(summary["test_bits_per_byte"], 3) and 0 < bits < 9
+  assert (tmp_path / "zoo_gpt.png").stat().st_size > 0
 
 
 def _fake_run(workdir, accuracy, norms=((1.0, 0.5), (2.0, 0.25))):

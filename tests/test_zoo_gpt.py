@@ -1,0 +1,103 @@
+"""The language-model zoo (configs/zoo_gpt.py): its rows, its link timing and its report section."""
+
+import inspect
+import json
+import os
+
+import optax
+import pytest
+
+import jaxcomp
+from _report_tables import number, row, table
+from benchmarks import link
+from configs import zoo as vision_config
+from configs import zoo_gpt
+from experiments import zoo
+
+
+def test_every_registered_compressor_has_a_row_and_diloco_its_four():
+  rows = zoo_gpt.registered()
+  assert {zoo_gpt.compressor_of(n) for n in rows} == set(jaxcomp.names())
+  diloco = {n: zoo_gpt.SETTINGS[n]["kwargs"] for n in rows if zoo_gpt.compressor_of(n) == "diloco"}
+  assert sorted((k["inner_steps"], k.get("exchange", "float32")) for k in diloco.values()) == [
+      (10, "float32"), (10, "int8"), (50, "float32"), (50, "int8")]
+  assert len(zoo_gpt.get_sweep()) == len(rows) * len(zoo_gpt.SEEDS) and len(zoo_gpt.SEEDS) == 3
+
+
+def test_adamw_after_every_exchange_but_one_bit_adams():
+  """One optimizer rule: the recipe's AdamW, except 1-bit Adam (Adam's own eps, no clip after it)."""
+  base = zoo_gpt.get_config()
+  assert (base.optimizer, base.dataset, base.model) == ("adamw", "gcide", "gpt")
+  for name in zoo_gpt.registered():
+    o = zoo_gpt.overrides(name, 0)
+    if name == "onebit_adam":
+      assert (o["optimizer"], o["grad_clip_norm"]) == ("sgd", 0.0)
+      assert o["compressor_kwargs"]["eps"] == inspect.signature(optax.adam).parameters["eps"].default
+      assert o["compressor_kwargs"]["b2"] == base.adam_b2
+      continue
+    assert "optimizer" not in o and "learning_rate" not in o, name
+    if name in vision_config.SETTINGS and "compressor" not in vision_config.SETTINGS[name]:
+      assert o.get("compressor_kwargs", {}).keys() == vision_config.SETTINGS[name]["kwargs"].keys(), name
+    assert "AdaGrad" not in zoo_gpt.SETTINGS[name]["paper"] and "TG-F3" not in zoo_gpt.SETTINGS[name]["paper"]
+
+
+@pytest.mark.parametrize("name", zoo_gpt.registered())
+def test_each_row_builds_its_chain(name):
+  """The row's overrides on the zoo's config build the chain experiments.train builds."""
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  from experiments import optimizers  # pylint: disable=g-import-not-at-top
+  c = zoo_gpt.get_config()
+  for key, value in zoo_gpt.overrides(name, 0).items():
+    setattr(c, key, ml_collections.ConfigDict(value) if isinstance(value, dict) else value)
+  tx = optimizers.make_tx(c, None)
+  assert tx.init({"w": jax_zeros((4, 3))}) is not None
+
+
+def jax_zeros(shape):
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  return jnp.zeros(shape, jnp.float32)
+
+
+def test_link_timing_of_the_language_model():
+  """The link step times the zoo's own GPT, with the row's settings, over whole DiLoCo periods."""
+  from benchmarks import train_step_link  # pylint: disable=g-import-not-at-top
+  z = zoo.Zoo("configs/zoo_gpt.py", "runs")
+  assert zoo_gpt.LINK_TIMED_STEPS % 50 == 0 and zoo_gpt.LINK_STATISTIC == "mean"
+  assert link.method_spec(z.method("diloco.h10_int8")) == ("diloco", {"inner_steps": 10, "exchange": "int8"})
+  overrides = z.link_overrides("onebit_adam")
+  assert overrides == ("optimizer=sgd", "grad_clip_norm=0.0")
+  c = train_step_link._config(zoo_gpt.LINK_CONFIG, z.method("onebit_adam"), 2, overrides)
+  assert (c.model, c.optimizer, c.grad_clip_norm, c.workers, c.compressor) == ("gpt", "sgd", 0.0, 2, "onebit_adam")
+  assert c.compressor_kwargs.freeze_step == 1  # the timed steps are the compressed stage's
+  assert train_step_link.wire_bytes(zoo_gpt.LINK_CONFIG, "none", 2) == 4 * 120_576  # float32, every parameter
+  times = [0.1] * 49 + [5.1]
+  result = {"step_time_sec": 0.1, "times_s": times}
+  assert zoo.link_seconds(z, result) == pytest.approx(0.2)  # the exchanging step counts once in 50
+  assert zoo.link_seconds(zoo.Zoo("configs/zoo.py", "runs"), result) == 0.1
+
+
+def _fake_run(workdir, bits, unigram=4.876):
+  os.makedirs(workdir)
+  with open(os.path.join(workdir, "summary.json"), "w") as f:
+    json.dump({"test_bits_per_byte": bits, "test_accuracy": 0.3, "mean_bytes_on_wire": 1000.0,
+               "float32_bytes": 482304.0, "steps": 1000, "seed": 0, "train_time_sec": 30.0,
+               "wall_time_sec": 40.0, "final_train_loss": 2.0, "parameters": 120576, "corpus": "GCIDE",
+               "corpus_license": "GPL-2.0-or-later", "train_bytes": 10, "test_bytes": 5,
+               "unigram_held_out_bits_per_byte": unigram}, f)
+
+
+def test_report_section_ranks_by_bits_per_byte(tmp_path):
+  z = zoo.Zoo("configs/zoo_gpt.py", str(tmp_path))
+  _fake_run(os.path.join(z.runs_dir, "none", "seed0"), 2.9)
+  _fake_run(os.path.join(z.runs_dir, "none", "seed1"), 3.0)
+  _fake_run(os.path.join(z.runs_dir, "onebit_adam", "seed0"), 5.2)
+  out = tmp_path / "zoo.md"
+  text = zoo.report([z], str(out), str(tmp_path / "zoo.png"))
+  cells = table(text, "compressor", "held-out bits per byte")
+  assert number(row(cells, compressor="`none`")["held-out bits per byte"]) == 2.95
+  assert row(cells, compressor="`none`")["spread over seeds"] == "± 0.071 (2.900–3.000)"
+  assert row(cells, compressor="`diloco.h50`")["held-out bits per byte"] == "not measured"
+  assert "encode+decode (vs float32 copy)" not in cells[0]  # no throughput column for this zoo
+  assert "`onebit_adam` seed 0: 5.200 bits per byte (unigram 4.876)" in text
+  assert "`none` seed" not in text.split("no better than the unigram entropy")[1]
+  assert (tmp_path / "zoo.png").stat().st_size > 0
