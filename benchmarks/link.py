@@ -407,6 +407,22 @@ def _model_table(rows) -> None:
           f"{fmt(sp, '.2f')} | {fmt(ratio, '.1f')} | {fmt(eff, '.2f')} |")
 
 
+def _model_pivot(rows) -> None:
+  """Float's seconds and each method's speedup ÷ wire ratio, a row per (model, method) and a column
+  per (processes, link): the grid of whole models at a glance."""
+  columns = sorted({(r[0], r[1]) for r in rows}, key=lambda c: (c[0], rate_bits_per_second(c[1]) or 0))
+  cell = {(r[0], r[1], r[2], r[4]): r for r in rows}
+  print("| model (tensors) | method | " + " | ".join(f"P = {p}, {l}" for p, l in columns) + " |")
+  print("|---|---|" + "---:|" * len(columns))
+  for model, tensors, method in dict.fromkeys((r[2], r[3], r[4]) for r in rows):
+    cells = []
+    for p, l in columns:
+      r = cell.get((p, l, model, method))
+      cells.append("" if r is None else f"{r[5]:.3f} s" if method == "none"
+                   else "" if r[8] is None else f"{r[8] / r[9]:.2f}")
+    print(f"| {model} ({tensors}) | `{method}` | " + " | ".join(cells) + " |")
+
+
 def hosts_rows(doc):
   """Flat against hierarchical (``X`` and ``X:within=local``) in a ``--devices`` document: rows
   ``(method, flat s, hierarchical s, flat ÷ hierarchical, (flat, hierarchical) bytes a process hands to
@@ -450,6 +466,8 @@ def report(paths, plot=None, sizes=None) -> int:
     print()
   models = model_rows(docs)
   if models:
+    _model_pivot(models)
+    print()
     _model_table(models)
     print()
   every = table_rows(docs)

@@ -75,6 +75,23 @@ def test_report_prints_a_table_and_draws(tmp_path, capsys):
   assert (tmp_path / "p.png").stat().st_size > 10_000
 
 
+def test_model_report_pivots_the_grid_by_processes_and_link(tmp_path, capsys):
+  def doc(p, rate, none_s, tern_s):
+    results = [dict(method=m, model="resnet20", tensors=59, median_s=t, bytes_on_wire=b, collectives={"all-gather": k})
+               for m, t, b, k in (("none", none_s, 1_600, 0), ("terngrad", tern_s, 100, 3))]
+    return {"benchmark": "link", "processes": p, "link": rate, "results": results}
+  paths = []
+  for k, d in enumerate([doc(2, "1gbit", 0.02, 0.004), doc(2, "10mbit", 2.0, 0.25), doc(4, "10mbit", 3.0, 0.5)]):
+    paths.append(tmp_path / f"{k}.json")
+    paths[-1].write_text(json.dumps(d))
+  assert link.main(["--report"] + [str(p) for p in paths] + ["--plot", str(tmp_path / "m.png")]) == 0
+  out = capsys.readouterr().out.splitlines()
+  assert out[0] == "| model (tensors) | method | P = 2, 10mbit | P = 2, 1gbit | P = 4, 10mbit |"
+  assert out[2] == "| resnet20 (59) | `none` | 2.000 s | 0.020 s | 3.000 s |"
+  assert out[3] == "| resnet20 (59) | `terngrad` | 0.50 | 0.31 | 0.38 |"  # speedup / wire ratio 16
+  assert (tmp_path / "m.png").stat().st_size > 10_000
+
+
 def test_sweep_runs_an_entry_under_the_launcher():
   assert sweep.launcher(None) == []
   assert sweep.launcher({"processes": 4, "link": "10mbit"}) == [
