@@ -431,11 +431,13 @@ def table(zoo: Zoo, rs: list[dict]) -> list[str]:
   return lines
 
 
-def plot(rs: list[dict], path: str, title: str, metric: Metric = METRICS["test_accuracy"]) -> Optional[str]:
+def plot(rs: list[dict], path: str, title: str, metric: Metric = METRICS["test_accuracy"],
+         baseline: Optional[tuple[float, str]] = None) -> Optional[str]:
   """``metric`` (mean, bars: min–max over seeds) against bytes per worker per step, log x.
 
   Two panels: every compressor, and a zoom on those within ``metric.zoom`` of the best mean
-  (they crowd near the best in the first panel).
+  (they crowd near the best in the first panel). ``baseline``: a ``(value, label)`` drawn as a
+  dashed line in the first panel (a language model's unigram entropy).
   """
   pts = [r for r in rs if r["acc"]]
   if not pts:
@@ -458,6 +460,10 @@ def plot(rs: list[dict], path: str, title: str, metric: Metric = METRICS["test_a
     ax.set_xscale("log")
     ax.set_xlabel("bytes on the wire per worker per step (log)")
     ax.grid(alpha=0.3, which="both")
+  if baseline is not None:
+    axes[0].axhline(baseline[0], ls="--", lw=1, color="grey")
+    axes[0].annotate(baseline[1], (0.01, baseline[0]), xycoords=("axes fraction", "data"),
+                     textcoords="offset points", xytext=(0, 3), fontsize=8, color="grey")
   axes[0].set_ylabel(f"{metric.column}, mean over seeds; bars: min–max")
   axes[0].set_title(title, fontsize=10)
   axes[1].set_title(f"zoom: within {metric.zoom:g} {metric.unit} of the best mean ({best:.{metric.digits}f})",
@@ -567,7 +573,9 @@ def _language_section(zoo: Zoo, out: str, plot_path: str) -> list[str]:
   link_doc = _load(zoo.link_json)
   mk = c.model_kwargs
   drawn = plot(rs, plot_path, f"GPT ({one.get('parameters', 0):,} parameters), {c.dataset}, {c.workers} workers, "
-               f"{'/'.join(map(str, steps))} steps", zoo.metric)
+               f"{'/'.join(map(str, steps))} steps", zoo.metric,
+               (one["unigram_held_out_bits_per_byte"], "unigram entropy of the held-out bytes")
+               if "corpus" in one else None)
   corpus = (f"{one['corpus']} ({one['corpus_license']}; {one['train_bytes']:,} bytes to train on, "
             f"{one['test_bytes']:,} held out)" if "corpus" in one else f"`{c.dataset}`")
   unigram = (f" The baseline to beat: the unigram entropy of the held-out bytes, "
