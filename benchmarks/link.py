@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import statistics
@@ -410,11 +411,14 @@ def _model_table(rows) -> None:
 def _model_pivot(rows) -> None:
   """Float's seconds and each method's speedup ÷ wire ratio, a row per (model, method) and a column
   per (processes, link): the grid of whole models at a glance."""
-  columns = sorted({(r[0], r[1]) for r in rows}, key=lambda c: (c[0], rate_bits_per_second(c[1]) or 0))
+  columns = sorted({(r[0], r[1]) for r in rows}, key=lambda c: (c[0], rate_bits_per_second(c[1]) or math.inf))
   cell = {(r[0], r[1], r[2], r[4]): r for r in rows}
+  size = {r[2]: r[7] for r in rows if r[4] == "none"}  # a model's float bytes: the rows go smallest first
+  keys = list(dict.fromkeys((r[2], r[3], r[4]) for r in rows))
+  keys.sort(key=lambda k: size.get(k[0], math.inf))  # stable: each model's methods keep their order
   print("| model (tensors) | method | " + " | ".join(f"P = {p}, {l}" for p, l in columns) + " |")
   print("|---|---|" + "---:|" * len(columns))
-  for model, tensors, method in dict.fromkeys((r[2], r[3], r[4]) for r in rows):
+  for model, tensors, method in keys:
     cells = []
     for p, l in columns:
       r = cell.get((p, l, model, method))
