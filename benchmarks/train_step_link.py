@@ -20,7 +20,8 @@ The configs: ``lenet`` is TG-F3's (``configs/terngrad_lenet.py:runlocal``,
 LeNet, total batch 64); ``resnet`` is 3LC-T1-link's
 (``configs/threelc_link.py``: ResNet-8, 32 images per worker, batch-norm
 tensors in float); ``gpt_zoo`` is the language-model zoo's (``configs/zoo_gpt.py``:
-a 0.12M-parameter GPT on GCIDE text, total batch 32 windows of 64 bytes). Methods as in ``benchmarks.link`` (``name:key=value``).
+a 0.12M-parameter GPT on GCIDE text, total batch 32 windows of 64 bytes).
+Methods as in ``benchmarks.link`` (``name:key=value``).
 """
 
 from __future__ import annotations

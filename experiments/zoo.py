@@ -1,7 +1,11 @@
-r"""One table of all compressors on the same run: ``docs/zoo.md`` and ``docs/zoo.png``.
+r"""All compressors on the same run: ``docs/zoo.md``, ``docs/zoo.png``, ``docs/zoo_gpt.png``.
 
-Every compressor :func:`jaxcomp.names` returns at run time (with its paper's
-settings, ``configs/zoo.py:SETTINGS``) in four steps, each resumable:
+Every compressor :func:`jaxcomp.names` returns at run time, in one table per
+zoo config (:data:`CONFIGS`: LeNet with each paper's settings,
+``configs/zoo.py:SETTINGS``; then a small GPT on text with AdamW and DiLoCo,
+``configs/zoo_gpt.py``, ranked by bits per byte, without a throughput step),
+in four steps, each resumable (the paths below are the LeNet zoo's; the GPT
+zoo's are under ``ROOT/zoo_gpt/``):
 
 1. ``accuracy``: the sweep ``configs/zoo.py`` (compressor x seed, LeNet, 8
    simulated workers) through ``experiments.sweep``; finished runs are skipped.
@@ -25,6 +29,7 @@ Usage::
   python -m experiments.zoo --report                 # regenerate docs/zoo.md and docs/zoo.png only
   python -m experiments.zoo --steps accuracy,report  # some steps
   sudo .venv/bin/python -m experiments.zoo --steps link,report
+  python -m experiments.zoo --config configs/zoo_gpt.py --steps accuracy  # one zoo
 """
 
 from __future__ import annotations
