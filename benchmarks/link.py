@@ -408,10 +408,16 @@ def _model_table(rows) -> None:
           f"{fmt(sp, '.2f')} | {fmt(ratio, '.1f')} | {fmt(eff, '.2f')} |")
 
 
+def pivot_columns(rows) -> list[tuple[int, str]]:
+  """The (processes, link) pairs of ``rows`` (each row starts with them), as a pivot table's columns:
+  by processes, then link rate; an unshaped link (loopback) last."""
+  return sorted({(r[0], r[1]) for r in rows}, key=lambda c: (c[0], rate_bits_per_second(c[1]) or math.inf))
+
+
 def _model_pivot(rows) -> None:
   """Float's seconds and each method's speedup ÷ wire ratio, a row per (model, method) and a column
   per (processes, link): the grid of whole models at a glance."""
-  columns = sorted({(r[0], r[1]) for r in rows}, key=lambda c: (c[0], rate_bits_per_second(c[1]) or math.inf))
+  columns = pivot_columns(rows)
   cell = {(r[0], r[1], r[2], r[4]): r for r in rows}
   size = {r[2]: r[7] for r in rows if r[4] == "none"}  # a model's float bytes: the rows go smallest first
   keys = list(dict.fromkeys((r[2], r[3], r[4]) for r in rows))

@@ -223,7 +223,7 @@ def report(paths) -> int:
 
 def _print_pivot(rows) -> None:
   """Float's step time and each method's step speedup, a column per (P, link)."""
-  columns = sorted({(r[0], r[1]) for r in rows}, key=lambda c: (c[0], link.rate_bits_per_second(c[1])))
+  columns = link.pivot_columns(rows)
   cell = {(r[0], r[1], r[2], r[3]): r for r in rows}
   keys = list(dict.fromkeys((r[2], r[3]) for r in rows))
   print("| config | method | wire ratio | " + " | ".join(f"P={p}, {l}" for p, l in columns) + " |")
