@@ -232,6 +232,27 @@ class Compressor:
     """The mean over workers of every tensor of a bucket, flat; ``gathered`` has a leading worker axis."""
     raise NotImplementedError
 
+  def own_bucket(self, xs: Sequence[jax.Array], payload: Payload,
+                 layout: "layout_lib.Layout") -> Optional[list[jax.Array]]:
+    """What each tensor's own part of ``payload`` decodes to (flat), from the tensors ``xs``, or ``None``.
+
+    Error feedback needs it. ``None`` (the default): each tensor's part is
+    decoded (:meth:`decode`). A compressor whose decode is the quantizer's exact
+    output (3LC's ``round(x/m)·m``) computes it from ``x`` instead: a loop a
+    tensor over floats, without unpacking bytes. It must equal :meth:`decode`
+    of the tensor's part bit for bit.
+    """
+    del xs, payload, layout
+    return None
+
+  def encoded_bytes_bucket(self, payload: Payload, layout: "layout_lib.Layout") -> Optional[jax.Array]:
+    """Every tensor's :meth:`encoded_bytes` of a bucket's payload at once (a vector), or ``None``.
+
+    ``None`` (the default): :meth:`encoded_bytes` of each tensor's part.
+    """
+    del payload, layout
+    return None
+
 
 @dataclasses.dataclass(frozen=True)
 class BucketCompressor(Compressor):

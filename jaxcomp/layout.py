@@ -96,6 +96,10 @@ class Layout:
   def __len__(self) -> int:
     return len(self.sizes)
 
+  def starts(self) -> tuple[int, ...]:
+    """Where each tensor's ``m_i`` columns begin in the payload's ``M`` (:meth:`compact`)."""
+    return tuple(int(c) for c in np.cumsum((0,) + self.widths[:-1], dtype=np.int64))
+
   def _cut(self, a: jax.Array, i: int) -> jax.Array:
     """Tensor ``i``'s chunks of ``a`` (``(..., chunks, CHUNK)``) as ``(..., m_i)`` columns."""
     lo, c = self.first[i], self.chunks[i]
@@ -149,9 +153,8 @@ class Layout:
 
   def expand(self, b: jax.Array, fill: Any = 0) -> jax.Array:
     """The inverse of :meth:`compact`: ``(..., M)`` as ``(..., chunks, CHUNK)``, padded with ``fill``."""
-    starts = np.cumsum((0,) + self.widths[:-1], dtype=np.int64)
-    cols = [b if len(self.sizes) == 1 else jax.lax.slice_in_dim(b, int(s), int(s) + m, axis=b.ndim - 1)
-            for s, m in zip(starts, self.widths)]
+    cols = [b if len(self.sizes) == 1 else jax.lax.slice_in_dim(b, s, s + m, axis=b.ndim - 1)
+            for s, m in zip(self.starts(), self.widths)]
     return self._chunked(cols, fill)
 
   def per_chunk(self, values: Any) -> jax.Array:

@@ -464,17 +464,22 @@ def bucket_exchange_steps(
   wires = [core.tree_nbytes(st) + a for st, a in zip(structs, agreement_bytes)]
   own = [None] * len(xs)
   if need_own:
-    # Each tensor's own decode stays a per-tensor decode of its part: the residual x − own fuses
-    # with it, and XLA:CPU contracts that product and difference into a fused multiply-add where
-    # they share a loop; a bucket-wide decode would be a loop of its own in some buckets and not
-    # in others, and a tensor's residual must not depend on its bucket.
-    own = [compressor.decode(part, s) for part, s in zip(parts, shapes)]
+    # Each tensor's own decode stays per tensor: the residual x − own fuses with it, and XLA:CPU
+    # contracts that product and difference into a fused multiply-add where they share a loop; a
+    # bucket-wide decode would be a loop of its own in some buckets and not in others, and a
+    # tensor's residual must not depend on its bucket. A compressor whose decode is exact
+    # computes it from the tensor (own_bucket: 3LC's round(x/m)·m); otherwise its part is decoded.
+    own = compressor.own_bucket(flats, payload, layout)
+    own = ([compressor.decode(part, s) for part, s in zip(parts, shapes)] if own is None
+           else [o.reshape(s) for o, s in zip(own, shapes)])
+  encoded = compressor.encoded_bytes_bucket(payload, layout)  # every tensor's, in one pass
+  metrics = [{} if encoded is None else {"encoded_bytes": encoded[i]} for i in range(len(xs))]
   if not axis_names(axis_name):  # one worker: the mean is its own bucket decoded
     means = [m.reshape(s) for m, s in zip(compressor.decode_bucket(payload, layout), shapes)]
   else:
     gathered = yield core.Message("gather", payload)
     means = [m.reshape(s) for m, s in zip(compressor.aggregate_bucket(gathered, layout), shapes)]
-  return [core.Exchanged(m, o, p, w, None, {}) for m, o, p, w in zip(means, own, parts, wires)]
+  return [core.Exchanged(m, o, p, w, None, c) for m, o, p, w, c in zip(means, own, parts, wires, metrics)]
 
 
 def exchange(compressor: core.Compressor, x: jax.Array, key: jax.Array, axis_name: AxisName,

@@ -296,13 +296,14 @@ def count_tensor(
     tracked_path: Optional[str],
 ) -> dict[str, Any]:
   """The counters of one compressed tensor (see :func:`jaxcomp.metrics` for their meaning)."""
-  encoded = compressor.encoded_bytes(ex.payload, g.shape)
+  metrics = dict(ex.metrics or {})  # a bucket's exchange may have counted encoded_bytes for all its tensors
+  encoded = metrics.pop("encoded_bytes") if "encoded_bytes" in metrics else compressor.encoded_bytes(ex.payload, g.shape)
   counts = {
       "compressed_bytes_on_wire": ex.wire_bytes,
       "compressed_float32_bytes": 4 * core.size_of(g.shape),
       "encoded_bytes": ex.wire_bytes if encoded is None else encoded,
       "nonfinite_tensors": bad.astype(jnp.int32),
-      **(ex.metrics or {}),
+      **metrics,
       **compressor.extra_metrics(ex.payload, g.shape),
   }
   if tracked_path is not None:

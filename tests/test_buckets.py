@@ -323,3 +323,27 @@ def test_terngrad_moments_of_a_bucket_are_each_tensors_own():
     np.testing.assert_allclose(s, ref.std() if x.size else 0.0, rtol=1e-5, atol=1e-12)
     assert m == (np.abs(ref).max() if x.size else 0.0)
   assert float(sigma[-1]) == 0.0
+
+
+@pytest.mark.parametrize("sparsity", [1.0, 1.5])
+def test_threelc_reads_a_buckets_own_and_zero_run_sizes_at_once(sparsity):
+  """3LC's error feedback takes ``round(x/m)·m`` from the tensors, bit for bit each part's decode
+  (ties at m/2, signed zeros, all-zero tensors), and every tensor's zero-run size in one pass."""
+  from jaxcomp.compressors.threelc import ThreeLC
+  c = ThreeLC(sparsity=sparsity)
+  xs = _tensors(_SIZES, seed=3) + [jnp.array([4.0, 2.0, -2.0, -0.0, 0.0, -1e-30, 0.75, -0.75]),
+                                   jnp.zeros(7), jnp.full((40,), -0.0), jnp.zeros(700).at[::97].set(1.0)]
+
+  @jax.jit
+  def both(xs):
+    lay = layout.Layout([x.size for x in xs], c.planes)
+    payload = c.encode_bucket(xs, None, None, lay)
+    parts = layout.payload_parts(payload, [c.payload_struct(x.size) for x in xs])
+    return (c.own_bucket(xs, payload, lay), [c.decode(p, x.shape) for p, x in zip(parts, xs)],
+            c.encoded_bytes_bucket(payload, lay), [c.encoded_bytes(p, x.shape) for p, x in zip(parts, xs)])
+
+  own, decoded, sizes, alone = both(xs)
+  for o, d in zip(own, decoded):
+    np.testing.assert_array_equal(np.asarray(o).view(np.uint32), np.asarray(d).view(np.uint32))
+  assert [int(s) for s in sizes] == [int(a) for a in alone]
+  assert ThreeLC(zero_run=False).encoded_bytes_bucket(None, None) is None

@@ -269,3 +269,42 @@ def test_large_stream_matches_reference():
   np.testing.assert_array_equal(zerorun.zero_run_decode(z), b)
   buf, length = zerorun.zero_run_encode_jax(b)
   assert int(length) == len(z) == int(zerorun.zero_run_length(b))
+
+
+def _segment_starts(seed: int, n: int) -> np.ndarray:
+  """Segment starts from 0: row edges (32), multiples of 14, empty and one-byte segments, random cuts."""
+  rs = np.random.RandomState(seed)
+  special = [s for s in (1, 2, 14, 15, 28, 31, 32, 33, 64, 96) if s <= n]
+  cuts = rs.choice(special, size=min(len(special), rs.randint(0, 4)), replace=False) if special else []
+  random = rs.randint(0, n + 1, size=rs.randint(0, 6))
+  starts = np.sort(np.concatenate([[0], cuts, random, random[:1]]).astype(np.int64))  # a repeat: an empty segment
+  return starts
+
+
+@pytest.mark.parametrize("config", range(24))
+def test_segment_lengths_equal_each_segment_encoded_alone(config):
+  """A bucket's per-tensor zero-run sizes in one pass: runs never cross a segment's start (4,800 streams)."""
+  n = [1, 5, 31, 32, 33, 64, 100, 200, 257, 400, 1000, 1500][config % 12]
+  starts = _segment_starts(config, n)
+  p_runs = np.linspace(0.0, 1.0, 200)
+  streams = np.stack([_runny_bytes(1000 * config + i, n, p, max_run=60) for i, p in enumerate(p_runs)])
+  got = np.asarray(jax.jit(jax.vmap(lambda b: zerorun.zero_run_lengths(b, starts)))(jnp.asarray(streams)))
+  ends = list(starts[1:]) + [n]
+  want = np.array([[len(_reference_encode(b[s:e])) for s, e in zip(starts, ends)] for b in streams])
+  np.testing.assert_array_equal(got, want)
+  assert all(g.sum() >= len(_reference_encode(b)) for g, b in zip(got, streams))  # cutting a run never saves
+
+
+def test_segment_lengths_of_a_run_across_every_boundary():
+  """All 121s cut at every row edge: each piece is coded alone (ceil(k / 14) bytes), not as one run."""
+  b = np.full((32 * 20,), 121, np.uint8)
+  starts = np.arange(0, 32 * 20, 32)
+  np.testing.assert_array_equal(np.asarray(zerorun.zero_run_lengths(b, starts)), np.full(20, 3))  # 14 + 14 + 4
+  assert int(zerorun.zero_run_lengths(b, [0])[0]) == len(_reference_encode(b)) == 46
+
+
+def test_segment_lengths_refuse_bad_starts():
+  b = jnp.zeros((10,), jnp.uint8)
+  for bad in ([1, 4], [0, 5, 3], [0, 11], []):
+    with pytest.raises(ValueError, match="starts"):
+      zerorun.zero_run_lengths(b, bad)

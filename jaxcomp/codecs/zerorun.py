@@ -69,6 +69,7 @@ __all__ = [
     "zero_run_encode_partitioned",
     "zero_run_expanded_length",
     "zero_run_length",
+    "zero_run_lengths",
     "zero_run_pack_fixed",
     "zero_run_unpack_fixed",
 ]
@@ -218,6 +219,53 @@ def _decode_core(z: jax.Array, length: jax.Array, n_out: int):
   return out, jnp.sum(row_tot)
 
 
+@functools.partial(jax.jit, static_argnums=1)
+def _lengths_core(b: jax.Array, starts: tuple[int, ...]) -> jax.Array:
+  """Every segment's zero-run length (see :func:`zero_run_lengths`): int32 ``(len(starts),)``.
+
+  A byte emits unless it is a 121 inside a run at an offset from the run's
+  start that is not a multiple of 14 (the greedy cut). A run starts at a 121
+  whose left neighbour is not a 121 or that begins a segment: with one mask
+  per row of 32 bytes, the run starts are ``R & ~((R << 1 | carry) & ~B)``
+  (``R`` the 121s, ``B`` the segments' first bytes), the last start at or
+  before a byte is a ``clz``, or, for a run entering the row, a max-scan over
+  rows. A segment's length is the difference of the emits' prefix counts at
+  its ends: row totals scanned, plus a ``popcount`` inside the row.
+  """
+  w = ROW
+  n = b.shape[0]
+  k = len(starts)
+  rows = max(1, ceil_div(n, w))
+  npad = rows * w
+  bp = jnp.pad(b, (0, npad - n))  # literal 0 bytes: they end runs and are not counted (below)
+  run = bp == RUN_BYTE
+  lane = lax.iota(jnp.uint32, npad) & jnp.uint32(w - 1)
+  upto = jnp.uint32(0xFFFFFFFF) >> (jnp.uint32(w - 1) - lane)  # bits 0..lane
+
+  r = row_masks(run)
+  first = np.unique(np.asarray([s for s in starts if s < n], np.int64))
+  bounds = jnp.zeros((rows,), jnp.uint32).at[first // w].add(
+      jnp.asarray(np.uint32(1) << (first % w).astype(np.uint32)), indices_are_sorted=True, unique_indices=False)
+  carry = jnp.concatenate([jnp.zeros((1,), jnp.uint32), r[:-1] >> jnp.uint32(w - 1)])
+  begins = r & ~(((r << jnp.uint32(1)) | carry) & ~bounds)  # bit j: a run starts at byte j
+  row_base = jnp.arange(rows, dtype=jnp.int32) * w
+  last = bit_length32(begins).astype(jnp.int32)  # 1 + lane of the row's last run start, or 0
+  last_before = scan_1d(jnp.where(last > 0, row_base + last, 0), lax.max, 0, exclusive=True)
+  m = bit_length32(per_segment(begins, w) & upto).astype(jnp.int32)  # 1 + lane of the last start <= lane
+  index = lax.iota(jnp.int32, npad)
+  offset = jnp.where(m > 0, lane.astype(jnp.int32) - (m - 1), index - (per_segment(last_before, w) - 1))
+  emit = (~run | (offset % MAX_RUN == 0)) & (index < n)
+  e = row_masks(emit)
+  before = exclusive_cumsum_i32(lax.population_count(e))
+  ends = np.asarray(list(starts[1:]) + [n], np.int64)
+  def prefix(p):  # emits before byte p (p <= n)
+    row = np.minimum(p // w, rows - 1)
+    below = np.where(p // w < rows, (np.uint64(1) << (p % w).astype(np.uint64)) - 1, 0xFFFFFFFF).astype(np.uint32)
+    return before[row] + lax.population_count(e[row] & jnp.asarray(below)).astype(jnp.int32)
+  del k
+  return prefix(ends) - prefix(np.asarray(starts, np.int64))
+
+
 # --------------------------------------------------------------------------
 # Public jit-able API
 # --------------------------------------------------------------------------
@@ -246,6 +294,33 @@ def zero_run_length(b: Any) -> jax.Array:
   that :func:`zero_run_encode_jax` returns.
   """
   return _length_core(as_flat_uint8(b, "zero_run_length"))
+
+
+def zero_run_lengths(b: Any, starts: Any) -> jax.Array:
+  """Every segment's exact zero-run size, as if each were encoded alone (int32, jit-able).
+
+  Segment ``i`` is ``b[starts[i]:starts[i + 1]]`` (the last runs to the end):
+  a bucket's base-3^5 bytes, every tensor's laid end to end
+  (:meth:`jaxcomp.layout.Layout.compact`). Runs do not cross a segment's start,
+  so ``zero_run_lengths(b, starts)[i] == zero_run_length(b[starts[i]:starts[i + 1]])``,
+  in one pass over the bucket instead of a kernel a tensor.
+
+  Args:
+    b: ``uint8[N]`` base-3^5 bytes, ``N < 2**31``.
+    starts: static, non-decreasing segment starts with ``starts[0] == 0``
+      (empty segments are allowed).
+
+  Returns:
+    ``int32[len(starts)]``.
+  """
+  b = as_flat_uint8(b, "zero_run_lengths")
+  starts = tuple(int(s) for s in np.asarray(starts, np.int64).reshape(-1))
+  if not starts or starts[0] != 0 or any(a > c for a, c in zip(starts, starts[1:])) or starts[-1] > b.shape[0]:
+    raise ValueError(f"zero_run_lengths: starts must be non-decreasing from 0 to at most {b.shape[0]}; got "
+                     f"{starts[:8]}{' ...' if len(starts) > 8 else ''}")
+  if b.shape[0] >= 2**31:
+    raise ValueError(f"zero_run_lengths: {b.shape[0]} bytes; its int32 positions hold fewer than 2**31")
+  return _lengths_core(b, starts)
 
 
 def zero_run_decode_jax(z: Any, length: Any,

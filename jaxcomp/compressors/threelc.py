@@ -106,7 +106,9 @@ class ThreeLC(core.BucketCompressor):
 
   With the base-3^5 wire (``capacity=None``) a bucket is quantized and
   base-3^5-encoded at once (``bucket_encode``; :mod:`jaxcomp.layout` with the
-  encoding's five planes); the zero-run size stays per tensor.
+  encoding's five planes); every tensor's zero-run size is counted in one pass over
+  the bucket (:func:`jaxcomp.codecs.zerorun.zero_run_lengths`), and error
+  feedback takes ``round(x/m)·m`` from the tensors (:meth:`own_bucket`).
 
   Attributes:
     sparsity: the sparsity multiplier ``s``, ``1 <= s < 2`` (§3.1).
@@ -163,6 +165,21 @@ class ThreeLC(core.BucketCompressor):
     # Shifted to {0, 1, 2}; base-3^5 pads with the digit 0 (jaxcomp.codecs.base243, step 4).
     digits = jnp.where(layout.valid(), q.astype(jnp.int8) + 1, 0).astype(jnp.uint8)
     return ThreeLCPayload(codes=layout.compact(base243.pack_digits(digits)), scale=scales)
+
+  def own_bucket(self, xs, payload, layout):
+    """``round(x/m)·m`` of each tensor (§3.1 step a): what its part decodes to, without unpacking it."""
+    del layout
+    if self.capacity is not None:
+      return None
+    scales = payload.scale
+    return [jnp.round(x * safe_reciprocal(scales[i])).astype(jnp.int8).astype(jnp.float32) * scales[i]
+            for i, x in enumerate(xs)]
+
+  def encoded_bytes_bucket(self, payload, layout):
+    """Every tensor's zero-run size (+ 4 for ``m``) in one pass over the bucket's bytes."""
+    if not self.zero_run or self.capacity is not None:
+      return None
+    return zerorun.zero_run_lengths(payload.codes, layout.starts()) + 4
 
   def decode_columns(self, payload, layout):
     q = base243.unpack_digits(layout.expand(payload.codes)).astype(jnp.int8) - jnp.int8(1)
