@@ -234,7 +234,6 @@ def _lengths_core(b: jax.Array, starts: tuple[int, ...]) -> jax.Array:
   """
   w = ROW
   n = b.shape[0]
-  k = len(starts)
   rows = max(1, ceil_div(n, w))
   npad = rows * w
   bp = jnp.pad(b, (0, npad - n))  # literal 0 bytes: they end runs and are not counted (below)
@@ -243,7 +242,7 @@ def _lengths_core(b: jax.Array, starts: tuple[int, ...]) -> jax.Array:
   upto = jnp.uint32(0xFFFFFFFF) >> (jnp.uint32(w - 1) - lane)  # bits 0..lane
 
   r = row_masks(run)
-  first = np.unique(np.asarray([s for s in starts if s < n], np.int64))
+  first = np.unique(np.asarray([s for s in starts if s < n], np.int64))  # distinct bits: adding is or-ing
   bounds = jnp.zeros((rows,), jnp.uint32).at[first // w].add(
       jnp.asarray(np.uint32(1) << (first % w).astype(np.uint32)), indices_are_sorted=True, unique_indices=False)
   carry = jnp.concatenate([jnp.zeros((1,), jnp.uint32), r[:-1] >> jnp.uint32(w - 1)])
@@ -262,7 +261,7 @@ def _lengths_core(b: jax.Array, starts: tuple[int, ...]) -> jax.Array:
     row = np.minimum(p // w, rows - 1)
     below = np.where(p // w < rows, (np.uint64(1) << (p % w).astype(np.uint64)) - 1, 0xFFFFFFFF).astype(np.uint32)
     return before[row] + lax.population_count(e[row] & jnp.asarray(below)).astype(jnp.int32)
-  del k
+
   return prefix(ends) - prefix(np.asarray(starts, np.int64))
 
 
