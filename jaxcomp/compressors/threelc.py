@@ -93,11 +93,15 @@ class ThreeLCZeroRunPayload(NamedTuple):
   scale: jax.Array  # float32[]: m
 
 
+def ternary(x: jax.Array, m: jax.Array) -> jax.Array:
+  """§3.1: ``round(x/m)`` as int8, computed as ``x · (1/m)`` (``m = 0``: zeros)."""
+  return jnp.round(x * safe_reciprocal(m)).astype(jnp.int8)
+
+
 def quantize_3value(x: jax.Array, sparsity: float) -> tuple[jax.Array, jax.Array]:
   """§3.1: ``(round(x/m) as int8, m)`` with ``m = max|x| · sparsity``."""
   m = max_abs(x) * jnp.asarray(sparsity, jnp.float32)
-  q = jnp.round(x.reshape(-1) * safe_reciprocal(m)).astype(jnp.int8)
-  return materialize(q), m.astype(jnp.float32)
+  return materialize(ternary(x.reshape(-1), m)), m.astype(jnp.float32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,16 +172,12 @@ class ThreeLC(core.BucketCompressor):
 
   def own_bucket(self, xs, payload, layout):
     """``round(x/m)·m`` of each tensor (§3.1 step a): what its part decodes to, without unpacking it."""
-    del layout
-    if self.capacity is not None:
-      return None
-    scales = payload.scale
-    return [jnp.round(x * safe_reciprocal(scales[i])).astype(jnp.int8).astype(jnp.float32) * scales[i]
-            for i, x in enumerate(xs)]
+    del layout  # (a bucket is encoded at once only with capacity=None: bucket_encode)
+    return [ternary(x, m).astype(jnp.float32) * m for x, m in zip(xs, payload.scale)]
 
   def encoded_bytes_bucket(self, payload, layout):
     """Every tensor's zero-run size (+ 4 for ``m``) in one pass over the bucket's bytes."""
-    if not self.zero_run or self.capacity is not None:
+    if not self.zero_run:
       return None
     return zerorun.zero_run_lengths(payload.codes, layout.starts()) + 4
 
