@@ -13,8 +13,8 @@ generator that yields a :class:`~jaxcomp.core.Message` per collective it
 needs and gets the result back. :func:`run` runs the buckets in order and a
 bucket's exchanges in lockstep; at each round it joins the bucket's messages
 of one kind into one buffer, runs one collective on it and hands every
-exchange its own part back (the next bucket's agreement rides on this
-bucket's all-gather: :func:`_pipelined`):
+exchange its own part back (the agreement of the bucket two places on rides
+on this bucket's all-gather: :func:`_pipelined`):
 
 * ``"gather"`` and ``"all_to_all"`` move bytes: every array is viewed as
   bytes (``uint8``), the bucket's arrays are laid end to end, and the result
@@ -55,18 +55,20 @@ whose gradients backpropagation produces first, go first, as in DDP (Li et
 al., "PyTorch Distributed: Experiences on Accelerating Data Parallel
 Training", VLDB 2020, §3.2.3 and §4.2).
 
-The default, :data:`DEFAULT_BUCKET_BYTES` = 1 MiB, is the size of PyTorch
-DDP's first bucket (``_DEFAULT_FIRST_BUCKET_BYTES``, kept small so that
+The default, :data:`DEFAULT_BUCKET_BYTES` = 512 KiB, is half PyTorch DDP's
+first bucket (``_DEFAULT_FIRST_BUCKET_BYTES`` = 1 MiB, kept small so that
 communication starts early; its later buckets are 25 MiB, ``bucket_cap_mb``,
 and Horovod's fusion buffer 64 MiB). Here every bucket is that small: a
-compressed bucket carries a sixteenth to a thirty-second of its float bytes,
-and the pipeline (:func:`_pipelined`) overlaps a bucket's transfer with the
-next ones' encoding only if there are several. Measured over emulated links
-(``docs/benchmarks.md``, "Whole models over links": ResNet-110, 7 MB of
-float32, TernGrad at 2 processes over 100 Mbit/s), 1 MiB buckets reached
-0.76 of the wire ratio, 4 MiB 0.73 and one 25 MiB bucket 0.65. The price is
-more collectives on large models (GPT-2 small: about 470 a step), which
-fast interconnects may not repay: pass a larger ``bucket_bytes`` there.
+compressed bucket carries a sixteenth to a thirty-second of its float bytes
+(16 to 32 KiB), and the pipeline (:func:`_pipelined`) overlaps a bucket's
+transfer with the next ones' encoding only if there are several. Measured
+over emulated links (``benchmarks.link``: ResNet-110, 7 MB of float32, 2
+processes over 100 Mbit/s, float 0.59 s, medians of 15 calls in one run,
+2026-11-27), TernGrad took 42 ms with 256 KiB and with 512 KiB buckets, 47
+ms with 1 MiB and 54 ms with 2 MiB; QSGD 80, 81 and 88 ms (256 KiB to 1
+MiB), 3LC 43, 40 and 40 ms. The price is more collectives on large models
+(GPT-2 small: several hundred a step), which fast interconnects may not
+repay: pass a larger ``bucket_bytes`` there.
 """
 
 from __future__ import annotations
@@ -82,7 +84,7 @@ from jax import lax
 from jaxcomp import core
 from jaxcomp import parallel
 
-DEFAULT_BUCKET_BYTES = 2**20
+DEFAULT_BUCKET_BYTES = 2**19
 
 
 def check_bucket_bytes(bucket_bytes: Any) -> None:
@@ -142,25 +144,30 @@ def run(steps: Sequence[Any], sizes: Sequence[int], bucket_bytes: int, axis_name
   return _pipelined(steps, assign(sizes, bucket_bytes), axis_name)
 
 
+AHEAD = 2  # bucket k's all-gather carries the agreement of bucket k + AHEAD
+
+
 def _pipelined(steps: Sequence[Any], groups: Sequence[Sequence[int]], axis_name: parallel.AxisName) -> list[Any]:
   """Runs the buckets one after another, with one collective per bucket and round.
 
   A bucket's exchanges advance in lockstep: each round joins their messages
-  of one kind into one collective (:func:`deliver`). Its agreement (``"max"``:
-  a few values per tensor that a bucket's encoding waits for, such as
-  TernGrad's scalars) rides on the previous bucket's gather: that all-gather
-  also carries the next bucket's values, and each worker takes their maximum
-  over the gathered workers (exact, so the numbers are those of a ``pmax``).
-  Only the first bucket's agreement is a collective of its own.
+  of one kind into one collective (:func:`deliver`). A bucket's agreement
+  (its first message when that is a ``"max"``: a few values per tensor that
+  its encoding waits for, such as TernGrad's scalars and the non-finite
+  flags) travels :data:`AHEAD` buckets early: bucket ``k``'s all-gather also
+  carries bucket ``k + 2``'s values, and each worker takes their maximum over
+  the gathered workers (exact, so the numbers are those of a ``pmax``). The
+  first two buckets' agreements share the step's first collective.
 
-  This orders the step as a pipeline: bucket ``k + 1``'s encoding depends on
-  bucket ``k``'s gather and bucket ``k + 1``'s gather on that encoding, so the
-  wire starts with the first (small) bucket, and while one bucket's payload is
-  on the wire the next ones' statistics are computed and the earlier ones
-  decoded. When every bucket's agreements were joined into one collective,
-  every bucket's statistics had to be computed before any byte moved
-  (ResNet-110 at 2 processes over 100 Mbit/s: the first byte at 16.5 ms of a
-  54 ms step; pipelined, at 14 ms of 44 ms: ``benchmarks.link --profile``).
+  This orders the step as a pipeline. Bucket ``k``'s gather depends on its
+  encoding, which depends on bucket ``k − 2``'s gather; so the wire starts
+  with the first bucket, and while bucket ``k`` is on the wire bucket
+  ``k + 1`` is encoded (its agreement came with bucket ``k − 1``), the later
+  ones' statistics are computed and the earlier ones decoded. With the
+  agreement one bucket ahead, the wire waited for each next encoding; with
+  every bucket's agreement in one collective, the first byte waited for every
+  bucket's statistics (ResNet-110 at 2 processes over 100 Mbit/s: the first
+  byte at 16.5 ms of a 54 ms step; ``benchmarks.link --profile``).
 
   Who overlaps what: XLA:CPU has no scheduler for it; its runtime runs every
   operation whose inputs are ready on its thread pool, and a collective
@@ -172,42 +179,50 @@ def _pipelined(steps: Sequence[Any], groups: Sequence[Sequence[int]], axis_name:
   to move there.
   """
   results = [None] * len(steps)
+  ahead: dict[int, dict] = {}  # bucket -> the next messages of a bucket started before its turn
+  rode: set[int] = set()  # buckets whose agreement went with an earlier round
 
   def advance(into: dict, i: int, reply: Any) -> None:
     message, results[i] = parallel.advance(steps[i], reply)
     if message is not None:
       into[i] = message
 
-  def start(group: Sequence[int]) -> dict:
-    """The first message of each of a bucket's exchanges (a plain result is stored at once)."""
+  def start(b: int) -> dict:
+    """The first message of each of bucket ``b``'s exchanges (a plain result is stored at once)."""
     first = {}
-    for i in group:
+    for i in groups[b]:
       if inspect.isgenerator(steps[i]):
         advance(first, i, None)
       else:
         results[i] = steps[i]
     return first
 
-  upcoming = start(groups[0]) if groups else {}
+  def riders(kind: str, b: int) -> list[tuple[int, int]]:
+    """``(bucket, exchange)`` of the agreements that go with bucket ``b``'s round of ``kind``."""
+    if kind not in ("max", "gather"):
+      return []
+    out = []
+    for c in range(b + 1, min(b + AHEAD + (kind == "gather"), len(groups))):
+      if c not in rode:
+        rode.add(c)
+        first = ahead[c] = start(c)
+        out += [(c, i) for i in sorted(first) if first[i].kind == "max"]
+    return out
+
   for b in range(len(groups)):
-    pending, upcoming = upcoming, None
+    pending = ahead.pop(b) if b in ahead else start(b)
     while pending:
       current, pending = pending, {}
       rounds = {}
       for i in sorted(current):
         rounds.setdefault(current[i].kind, []).append(i)
       for kind, ids in rounds.items():
-        riders = []
-        if kind == "gather" and upcoming is None and b + 1 < len(groups):
-          upcoming = start(groups[b + 1])
-          riders = [i for i in sorted(upcoming) if upcoming[i].kind == "max"]
-        replies = deliver([current[i].tree for i in ids] + [upcoming.pop(i).tree for i in riders], kind, axis_name)
+        extra = riders(kind, b)
+        replies = deliver([current[i].tree for i in ids] + [ahead[c].pop(i).tree for c, i in extra], kind, axis_name)
         for i, reply in zip(ids, replies):
           advance(pending, i, reply)
-        for i, gathered in zip(riders, replies[len(ids):]):
-          advance(upcoming, i, jax.tree.map(parallel.max_leading, gathered))
-    if upcoming is None and b + 1 < len(groups):
-      upcoming = start(groups[b + 1])
+        for (c, i), reply in zip(extra, replies[len(ids):]):
+          advance(ahead[c], i, jax.tree.map(parallel.max_leading, reply) if kind == "gather" else reply)
   return results
 
 

@@ -20,7 +20,7 @@ compressor shares:
 
 An update is a sequence of named steps, per tensor: add the residual
 (:func:`add_residual`), set aside non-finite input (:func:`set_aside_nonfinite`,
-:func:`agree_on_nonfinite`), skip (:func:`send_float`) or exchange (agree,
+:func:`agree_on_nonfinite`, in the exchange's messages), skip (:func:`send_float`) or exchange (agree,
 encode, all_gather, decode: :func:`jaxcomp.parallel.exchange`, or the
 compressor's own :meth:`~jaxcomp.core.Compressor.exchange`), carry the
 residual (:func:`carry_residual`), count (:func:`count_tensor`,
@@ -214,6 +214,26 @@ def set_aside_nonfinite(xs: list[jax.Array]) -> tuple[list[jax.Array], list[jax.
   return [jnp.where(b, jnp.zeros_like(x), x) for x, b in zip(xs, bad)], bad
 
 
+def after(xs: list[jax.Array], bad: jax.Array) -> list[jax.Array]:
+  """``xs`` unchanged, bit for bit, but computed after ``bad``, a flag of the previous bucket's check.
+
+  Each ``x`` goes through a select on a predicate that is never true but
+  that XLA cannot fold (a flag's byte above 1), so the bucket's first kernel
+  reads the previous bucket's check. A select moves bits: arithmetic such as
+  ``x + (−0.0)`` would flush subnormals on XLA:CPU. XLA:CPU runs whatever is
+  ready breadth first: without this every bucket's first kernels (its
+  residual add, its check, its statistics) run before the first collective
+  starts; with it the buckets' checks follow the order of their exchange and
+  the first bucket reaches the wire first (ResNet-110, 2 processes over 100
+  Mbit/s, ``benchmarks.link --profile``: the first collective at 1–3 ms
+  instead of 4–9 ms). On GPU, where kernels of one stream run in order
+  anyway, it changes nothing but the order in which they are issued. The
+  plain form is ``xs`` itself.
+  """
+  never = bad.astype(jnp.uint8) > 1
+  return [jnp.where(never, jnp.zeros_like(x), x) for x in xs]
+
+
 def nonfinite_flags(xs: list[jax.Array]) -> jax.Array:
   """:func:`is_nonfinite` of every tensor of ``xs`` (float32), in one reduction: bool ``(k,)``.
 
@@ -242,21 +262,40 @@ def is_nonfinite(x: jax.Array) -> jax.Array:
   return jnp.isnan(jnp.sum(x - x))
 
 
-def agree_on_nonfinite(
-    bad: list[jax.Array], axis_name: parallel.AxisName, nonfinite: NonFinitePolicy
-) -> tuple[list[jax.Array], int]:
-  """Whether each tensor is non-finite on *any* worker, and the bytes that cost.
+FLAG_DTYPE = jnp.uint8  # a tensor's non-finite flag on the wire: one byte
 
-  Under ``"propagate"`` with a worker axis, one uint8 flag per compressed
-  tensor goes through a ``pmax``; otherwise the local flags are used as they
-  are and nothing is sent.
+
+def agree_on_nonfinite(bad: jax.Array, steps: Any, agree: bool):
+  """Runs exchange ``steps`` with the workers' agreement on ``bad`` in its messages.
+
+  A generator (see :func:`jaxcomp.parallel.run`) returning ``(anywhere,
+  result)``: ``anywhere[i]`` if tensor ``i``'s ``bad`` flag is set on *any*
+  worker, and the exchange's result. With ``agree``, the flags (one
+  :data:`FLAG_DTYPE` byte per tensor) travel with the exchange's first
+  all-gather, after its agreements (``"max"``: TernGrad's scalar), and each
+  worker takes their maximum over the gathered workers; an exchange without
+  an all-gather there (PowerSGD's sums, the two-phase all-to-all) sends them
+  in a ``"max"`` of their own first. The flags are needed only once the
+  exchange is done, so no collective waits for them, and a bucket's ride with
+  its own payload (:mod:`jaxcomp.buckets`) instead of an all-reduce that waits
+  for every tensor's check. Without ``agree`` the local flags are used as
+  they are and nothing is sent.
   """
-  if not bad:
-    return [], 0
-  flags = jnp.stack(bad).astype(jnp.uint8)
-  if nonfinite == "propagate" and parallel.axis_names(axis_name):
-    return list(parallel.pmax(flags, axis_name) > 0), flags.nbytes
-  return list(flags > 0), 0
+  if not agree:
+    return bad, (yield from steps) if inspect.isgenerator(steps) else steps
+  flags = bad.astype(FLAG_DTYPE)
+  message, result = parallel.advance(steps, None) if inspect.isgenerator(steps) else (None, steps)
+  while message is not None and message.kind == "max":
+    message, result = parallel.advance(steps, (yield message))
+  if message is not None and message.kind == "gather":
+    gathered, reply = yield core.Message("gather", (flags, message.tree))
+    agreed = parallel.max_leading(gathered)
+    message, result = parallel.advance(steps, reply)
+  else:
+    agreed = yield core.Message("max", flags)
+  while message is not None:
+    message, result = parallel.advance(steps, (yield message))
+  return agreed > 0, result
 
 
 def send_float(g: jax.Array, axis_name: parallel.AxisName):
@@ -456,6 +495,7 @@ def compress(
   if compressor is None and error_feedback:
     raise ValueError("error_feedback needs a compressor.")
   routed = compressor is not None and exchange != "all_gather"
+  agree = nonfinite == "propagate" and bool(parallel.axis_names(axis_name))  # on non-finite tensors
   use_shard = routed and use_ef and not two_phase.unsupported(compressor)
   keys = _metric_keys(compressor, exchange)
   tracked_re = re.compile(tensor_metrics) if tensor_metrics else None
@@ -476,9 +516,11 @@ def compress(
       return (yield from out) if inspect.isgenerator(out) else out
     return (yield from parallel.exchange_steps(compressor, x, key, axis_name, inner, need_own=use_ef))
 
-  def two_phase_tensor(g, x, bad, anywhere, residual, inner, shard, key, tracked_path):
-    tp = yield from two_phase.two_phase_steps(compressor, x, key, axis_name, _from_masked(shard),
-                                              need_own=use_ef or tracked_path is not None)
+  def two_phase_tensor(g, x, bad, residual, inner, shard, key, tracked_path):
+    anywhere, tp = yield from agree_on_nonfinite(
+        bad[None], two_phase.two_phase_steps(compressor, x, key, axis_name, _from_masked(shard),
+                                             need_own=use_ef or tracked_path is not None), agree)
+    anywhere = anywhere[0]
     mean = jnp.where(anywhere, jnp.full_like(tp.mean, jnp.nan), tp.mean) if nonfinite == "propagate" else tp.mean
     residual = carry_residual(x, tp.own, residual, bad) if use_ef else residual
     if use_shard:  # a step whose mean is NaN on every worker leaves the shard residual as it was
@@ -507,19 +549,21 @@ def compress(
       result = result._replace(counts=counts)
     return result
 
-  def compress_tensor(g, x, bad, anywhere, residual, inner, shard, key, tracked_path):
+  def compress_tensor(g, x, bad, residual, inner, shard, key, tracked_path):
     """One compressed tensor's step (a generator of messages returning a :class:`_TensorResult`)."""
     if two_phase_chosen(x):
-      result = yield from two_phase_tensor(g, x, bad, anywhere, residual, inner, shard, key, tracked_path)
+      result = yield from two_phase_tensor(g, x, bad, residual, inner, shard, key, tracked_path)
       return tracked_route(result, tracked_path)
-    ex = yield from exchange_steps(x, key, inner)
-    return gathered_tensor(g, x, bad, anywhere, residual, shard, ex, tracked_path)
+    anywhere, ex = yield from agree_on_nonfinite(bad[None], exchange_steps(x, key, inner), agree)
+    return gathered_tensor(g, x, bad, anywhere[0], residual, shard, ex, tracked_path)
 
-  def compress_bucket(ids, gs, xs, bad, anywhere, residuals, shards, keys, tracked):
+  def compress_bucket(ids, gs, xs, bad, residuals, shards, keys, tracked):
     """A bucket's compressed tensors encoded at once (``bucket_encode``; ``keys`` stacked): a generator returning their results."""
-    exs = yield from parallel.bucket_exchange_steps(compressor, [xs[i] for i in ids], keys, axis_name, need_own=use_ef)
-    return [gathered_tensor(gs[i], xs[i], bad[i], anywhere[i], residuals[i], shards[i], ex, tracked.get(i))
-            for i, ex in zip(ids, exs)]
+    anywhere, exs = yield from agree_on_nonfinite(
+        jnp.stack([bad[i] for i in ids]),
+        parallel.bucket_exchange_steps(compressor, [xs[i] for i in ids], keys, axis_name, need_own=use_ef), agree)
+    return [gathered_tensor(gs[i], xs[i], bad[i], a, residuals[i], shards[i], ex, tracked.get(i))
+            for i, a, ex in zip(ids, anywhere, exs)]
 
   def float_tensor(g, residual, inner, shard):
     """One tensor kept in float (a generator of messages returning a :class:`_TensorResult`)."""
@@ -565,20 +609,21 @@ def compress(
     #    elsewhere a tensor's x may be computed in another loop with its check than alone, and
     #    XLA:CPU's contraction of a momentum's multiply-add into an FMA differs between loops).
     xs, bad = {}, {}
-    for ids in together + [[i] for i in compressed if i not in covered]:
-      xs_ids, bad_ids = set_aside_nonfinite([add_residual(p.leaves[i], residuals[i], use_ef) for i in ids])
+    for k, ids in enumerate(together + [[i] for i in compressed if i not in covered]):
+      x_ids = [add_residual(p.leaves[i], residuals[i], use_ef) for i in ids]
+      if 0 < k < len(together):  # a bucket's kernels start after the previous bucket's check
+        x_ids = after(x_ids, bad[together[k - 1][-1]])
+      xs_ids, bad_ids = set_aside_nonfinite(x_ids)
       xs.update(zip(ids, xs_ids))
       bad.update(zip(ids, bad_ids))
     if local is not None and compressed:  # a tensor's flag is the host's
       host_bad = local.any(jnp.stack([bad[i] for i in compressed]))
       for i, b in zip(compressed, host_bad):
         xs[i], bad[i] = jnp.where(b, jnp.zeros_like(xs[i]), xs[i]), b
-    # 2. Agree on which tensors are not finite on some worker.
-    anywhere, flag_bytes = agree_on_nonfinite([bad[i] for i in compressed], axis_name, nonfinite)
-    anywhere = dict(zip(compressed, anywhere))
-    # 3. Skip (float) or compress and exchange each tensor, in buckets; carry its residual. The
-    #    exchange of tensors encoded together is one step, at the bucket's first tensor (the
-    #    others' steps are placeholders).
+    # 2. Skip (float) or compress and exchange each tensor, in buckets, agreeing on which tensors
+    #    are not finite on some worker; carry its residual. The exchange of tensors encoded
+    #    together is one step, at the bucket's first tensor (the others' steps are placeholders).
+    flag_bytes = len(compressed) * jnp.dtype(FLAG_DTYPE).itemsize if agree else 0
     if local is not None:
       key_rows = local.leaf_keys(step_key, compressed, axis_name)
     else:
@@ -589,17 +634,17 @@ def compress(
     steps = [None] * len(p.leaves)
     for ids in together:
       bucket_keys = key_rows[ids[0]][np.array([key_row[i] for i in ids])]  # a bucket draws alike
-      steps[ids[0]] = compress_bucket(ids, p.leaves, xs, bad, anywhere, residuals, shards, bucket_keys, p.tracked)
+      steps[ids[0]] = compress_bucket(ids, p.leaves, xs, bad, residuals, shards, bucket_keys, p.tracked)
     for i, (g, r, inner, shard) in enumerate(zip(p.leaves, residuals, inners, shards)):
       if p.skipped[i]:
         steps[i] = float_tensor(g, r, inner, shard)
       elif i not in covered:
-        steps[i] = compress_tensor(g, xs[i], bad[i], anywhere[i], r, inner, shard, leaf_keys[i], p.tracked.get(i))
+        steps[i] = compress_tensor(g, xs[i], bad[i], r, inner, shard, leaf_keys[i], p.tracked.get(i))
     results = buckets.run(steps, sizes, bucket_bytes, axis_name)
     for ids in together:
       for i, result in zip(ids, results[ids[0]]):
         results[i] = result
-    # 4. Count.
+    # 3. Count.
     if local is not None:  # a host's non-finite tensor counts once, not once per device
       for r in results:
         if "nonfinite_tensors" in r.counts:
@@ -621,7 +666,7 @@ def compress(
         metrics[name] = metrics[name].traced()
     updates, inners = [r.update for r in results], [r.inner for r in results]
     residuals, shards = [r.residual for r in results], [r.shard for r in results]
-    if local is not None:  # 5. The whole tensors on every device of the host; the slices' residuals.
+    if local is not None:  # 4. The whole tensors on every device of the host; the slices' residuals.
       updates, inners = local.gather(updates), local.same(inners)
       residuals, shards = local.put(residuals), local.put(shards)
     new_state = CompressState(

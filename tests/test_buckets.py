@@ -162,13 +162,13 @@ def test_one_device_per_worker_same_numbers_and_fewer_collectives(name):
   assert _ops(text, "all-reduce") <= 6, _ops(text, "all-reduce")
 
 
-def test_a_bucket_agreement_rides_on_the_previous_gather(monkeypatch):
+def test_bucket_agreements_travel_ahead_of_their_buckets(monkeypatch):
   """shard_map over 4 devices, three buckets: TernGrad's numbers per tensor, and its collectives.
 
-  The first bucket's agreed scalars go alone; the second's travel in the first bucket's
-  all-gather; then the second bucket's gather and the float bucket's mean. In the compiled
-  step: those all-gathers, and all-reduces for the first agreement, the float bucket and the
-  non-finite flags.
+  The agreed scalars of the first two buckets share the first collective, so that the second
+  bucket encodes while the first is on the wire; then the two buckets' gathers (each with its
+  tensors' non-finite flags) and the float bucket's mean. In the compiled step: those
+  all-gathers, and all-reduces for the first agreement and the float bucket.
   """
   delivered = []
   deliver = buckets.deliver
@@ -182,9 +182,36 @@ def test_a_bucket_agreement_rides_on_the_previous_gather(monkeypatch):
   got, step = _run("terngrad", "shard_map", 4000, steps=1)
   for a, b in zip(jax.tree.leaves(ref), jax.tree.leaves(got)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-  assert delivered == [("max", 1), ("gather", 2), ("gather", 1), ("mean", 1)]
+  assert delivered == [("max", 2), ("gather", 1), ("gather", 1), ("mean", 1)]
   text = step.lower(_grads(0), jax.tree.map(jnp.asarray, got[1])).compile().as_text()
-  assert (_ops(text, "all-gather"), _ops(text, "all-reduce")) == (2, 3)
+  assert (_ops(text, "all-gather"), _ops(text, "all-reduce")) == (2, 2)
+
+
+def test_a_gather_carries_the_agreement_two_buckets_ahead(monkeypatch):
+  """Five one-tensor buckets of TernGrad: bucket k's gather carries bucket k + 2's agreement.
+
+  Per tensor the numbers are those of the per-tensor exchange; the rounds are the first
+  agreement (buckets 0 and 1), then each bucket's gather with one rider while one is left.
+  """
+  delivered = []
+  deliver = buckets.deliver
+
+  def spy(trees, kind, axis_name):
+    delivered.append((kind, len(trees)))
+    return deliver(trees, kind, axis_name)
+
+  grads = {f"w{i}": jnp.arange(N * (8 + i), dtype=jnp.float32).reshape(N, 8 + i) / (3 + i) - 2 for i in range(5)}
+
+  def run(tx):
+    state = parallel.replicate_workers(tx.init(jax.tree.map(lambda g: g[0], grads)), N)
+    return _shard_map(tx)(state)(grads, state)
+
+  ref = run(jaxcomp.terngrad(axis_name="d", bucket_bytes=0))
+  monkeypatch.setattr(buckets, "deliver", spy)
+  got = run(jaxcomp.terngrad(axis_name="d", bucket_bytes=4))  # every tensor a bucket of its own
+  for a, b in zip(jax.tree.leaves(ref), jax.tree.leaves(got)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  assert delivered == [("max", 2), ("gather", 2), ("gather", 2), ("gather", 2), ("gather", 1), ("gather", 1)]
 
 
 # -- encoding per bucket ------------------------------------------------------------

@@ -129,6 +129,16 @@ def test_is_nonfinite_is_not_all_isfinite(dtype):
     assert bool(jax.jit(transforms.is_nonfinite)(x)) == (not bool(jnp.all(jnp.isfinite(x)))), c
 
 
+def test_after_leaves_every_value_bit_for_bit():
+  """``after`` selects on a flag XLA cannot fold: ±0, subnormals, ±Inf and NaN keep their bits."""
+  x = jnp.asarray([0.0, -0.0, 1e-45, -1e-45, 1.5, -2.5, jnp.inf, -jnp.inf, jnp.nan, 3.4e38], jnp.float32)
+  for flag in (False, True):
+    (y,) = jax.jit(transforms.after)([x], jnp.asarray(flag))
+    np.testing.assert_array_equal(np.asarray(y).view(np.uint32), np.asarray(x).view(np.uint32))
+  text = jax.jit(transforms.after).lower([x], jnp.asarray(True)).compile().as_text()
+  assert "select" in text  # kept: the dependency that orders the buckets is real
+
+
 def test_integer_leaves_rejected_and_registry():
   with pytest.raises(TypeError, match="floating"):
     jaxcomp.compress(Round()).init({"i": jnp.zeros(3, jnp.int32)})
