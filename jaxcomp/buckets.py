@@ -155,8 +155,9 @@ def _pipelined(steps: Sequence[Any], groups: Sequence[Sequence[int]], axis_name:
   (its first message when that is a ``"max"``: a few values per tensor that
   its encoding waits for, such as TernGrad's scalars; the non-finite flags
   travel with a bucket's own gather, see
-  :func:`jaxcomp.transforms.agree_on_nonfinite`) travels :data:`AHEAD` buckets early: bucket ``k``'s all-gather also
-  carries bucket ``k + 2``'s values, and each worker takes their maximum over
+  :func:`jaxcomp.transforms.agree_on_nonfinite`) travels :data:`AHEAD`
+  buckets early: bucket ``k``'s all-gather also carries bucket ``k + 2``'s
+  values, and each worker takes their maximum over
   the gathered workers (exact, so the numbers are those of a ``pmax``). The
   first two buckets' agreements share the step's first collective.
 
@@ -180,8 +181,7 @@ def _pipelined(steps: Sequence[Any], groups: Sequence[Sequence[int]], axis_name:
   to move there.
   """
   results = [None] * len(steps)
-  ahead: dict[int, dict] = {}  # bucket -> the next messages of a bucket started before its turn
-  rode: set[int] = set()  # buckets whose agreement went with an earlier round
+  ahead: dict[int, dict] = {}  # bucket -> its next messages, once its agreement went with an earlier round
 
   def advance(into: dict, i: int, reply: Any) -> None:
     message, results[i] = parallel.advance(steps[i], reply)
@@ -204,8 +204,7 @@ def _pipelined(steps: Sequence[Any], groups: Sequence[Sequence[int]], axis_name:
       return []
     out = []
     for c in range(b + 1, min(b + AHEAD + (kind == "gather"), len(groups))):
-      if c not in rode:
-        rode.add(c)
+      if c not in ahead:
         first = ahead[c] = start(c)
         out += [(c, i) for i in sorted(first) if first[i].kind == "max"]
     return out

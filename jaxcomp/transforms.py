@@ -268,8 +268,8 @@ FLAG_DTYPE = jnp.uint8  # a tensor's non-finite flag on the wire: one byte
 def agree_on_nonfinite(bad: jax.Array, steps: Any, agree: bool):
   """Runs exchange ``steps`` with the workers' agreement on ``bad`` in its messages.
 
-  A generator (see :func:`jaxcomp.parallel.run`) returning ``(anywhere,
-  result)``: ``anywhere[i]`` if tensor ``i``'s ``bad`` flag is set on *any*
+  ``steps`` is an exchange's generator of messages; this is one too (see
+  :func:`jaxcomp.parallel.run`), returning ``(anywhere, result)``: ``anywhere[i]`` if tensor ``i``'s ``bad`` flag is set on *any*
   worker, and the exchange's result. With ``agree``, the flags (one
   :data:`FLAG_DTYPE` byte per tensor) travel with the exchange's first
   all-gather, after its agreements (``"max"``: TernGrad's scalar), and each
@@ -282,9 +282,9 @@ def agree_on_nonfinite(bad: jax.Array, steps: Any, agree: bool):
   they are and nothing is sent.
   """
   if not agree:
-    return bad, (yield from steps) if inspect.isgenerator(steps) else steps
+    return bad, (yield from steps)
   flags = bad.astype(FLAG_DTYPE)
-  message, result = parallel.advance(steps, None) if inspect.isgenerator(steps) else (None, steps)
+  message, result = parallel.advance(steps, None)
   while message is not None and message.kind == "max":
     message, result = parallel.advance(steps, (yield message))
   if message is not None and message.kind == "gather":

@@ -162,6 +162,19 @@ def test_one_device_per_worker_same_numbers_and_fewer_collectives(name):
   assert _ops(text, "all-reduce") <= 6, _ops(text, "all-reduce")
 
 
+def _spy_on_deliver(monkeypatch) -> list:
+  """From now on, every fused round's ``(kind, number of trees)``, in order."""
+  delivered = []
+  deliver = buckets.deliver
+
+  def spy(trees, kind, axis_name):
+    delivered.append((kind, len(trees)))
+    return deliver(trees, kind, axis_name)
+
+  monkeypatch.setattr(buckets, "deliver", spy)
+  return delivered
+
+
 def test_bucket_agreements_travel_ahead_of_their_buckets(monkeypatch):
   """shard_map over 4 devices, three buckets: TernGrad's numbers per tensor, and its collectives.
 
@@ -170,15 +183,8 @@ def test_bucket_agreements_travel_ahead_of_their_buckets(monkeypatch):
   tensors' non-finite flags) and the float bucket's mean. In the compiled step: those
   all-gathers, and all-reduces for the first agreement and the float bucket.
   """
-  delivered = []
-  deliver = buckets.deliver
-
-  def spy(trees, kind, axis_name):
-    delivered.append((kind, len(trees)))
-    return deliver(trees, kind, axis_name)
-
   ref, _ = _run("terngrad", "shard_map", 0, steps=1)
-  monkeypatch.setattr(buckets, "deliver", spy)
+  delivered = _spy_on_deliver(monkeypatch)
   got, step = _run("terngrad", "shard_map", 4000, steps=1)
   for a, b in zip(jax.tree.leaves(ref), jax.tree.leaves(got)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
@@ -193,13 +199,6 @@ def test_a_gather_carries_the_agreement_two_buckets_ahead(monkeypatch):
   Per tensor the numbers are those of the per-tensor exchange; the rounds are the first
   agreement (buckets 0 and 1), then each bucket's gather with one rider while one is left.
   """
-  delivered = []
-  deliver = buckets.deliver
-
-  def spy(trees, kind, axis_name):
-    delivered.append((kind, len(trees)))
-    return deliver(trees, kind, axis_name)
-
   grads = {f"w{i}": jnp.arange(N * (8 + i), dtype=jnp.float32).reshape(N, 8 + i) / (3 + i) - 2 for i in range(5)}
 
   def run(tx):
@@ -207,7 +206,7 @@ def test_a_gather_carries_the_agreement_two_buckets_ahead(monkeypatch):
     return _shard_map(tx)(state)(grads, state)
 
   ref = run(jaxcomp.terngrad(axis_name="d", bucket_bytes=0))
-  monkeypatch.setattr(buckets, "deliver", spy)
+  delivered = _spy_on_deliver(monkeypatch)
   got = run(jaxcomp.terngrad(axis_name="d", bucket_bytes=4))  # every tensor a bucket of its own
   for a, b in zip(jax.tree.leaves(ref), jax.tree.leaves(got)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
