@@ -203,15 +203,26 @@ def add_residual(g: jax.Array, residual: Any, use_ef: bool) -> jax.Array:
   return x + residual if use_ef else x
 
 
-def set_aside_nonfinite(xs: list[jax.Array]) -> tuple[list[jax.Array], list[jax.Array]]:
-  """``(xs, bad)``: ``bad[i]`` if ``xs[i]`` holds a NaN or Inf, and then ``xs[i]`` replaced by zeros.
+def set_aside_nonfinite(xs: list[jax.Array], layout: Optional[layout_lib.Layout] = None):
+  """``(xs, bad, layout)``: ``bad[i]`` if ``xs[i]`` holds a NaN or Inf, and then ``xs[i]`` replaced by zeros.
 
   A worker with a non-finite tensor sends zeros for it, so the encoders never
   see NaN; the policy of :func:`compress` decides what the mean becomes.
-  ``xs`` are checked together (:func:`nonfinite_flags`).
+  ``xs`` are checked together (:func:`nonfinite_flags`). With ``layout``, a
+  bucket encoded at once (:mod:`jaxcomp.buckets`), they are joined in the
+  encoder's layout for the check, and the layout returned carries that join,
+  its set-aside tensors zeroed, for the encoder
+  (:meth:`jaxcomp.layout.Layout.joined_input`); without, it is ``None``.
   """
-  bad = list(nonfinite_flags(xs))
-  return [jnp.where(b, jnp.zeros_like(x), x) for x, b in zip(xs, bad)], bad
+  joined = None if layout is None else layout.join([x.reshape(-1) for x in xs])
+  bad = nonfinite_flags(xs, layout, joined)
+  out = [jnp.where(b, jnp.zeros_like(x), x) for x, b in zip(xs, bad)]
+  return out, list(bad), None if layout is None else layout.with_input(set_aside_joined(layout, joined, bad))
+
+
+def set_aside_joined(layout: layout_lib.Layout, joined: jax.Array, bad: jax.Array) -> jax.Array:
+  """``joined`` (a bucket's tensors in ``layout``) with the tensors flagged in ``bad`` zeroed."""
+  return jnp.where(layout.per_chunk(bad), jnp.zeros_like(joined), joined)
 
 
 def after(xs: list[jax.Array], bad: jax.Array) -> list[jax.Array]:
@@ -234,18 +245,20 @@ def after(xs: list[jax.Array], bad: jax.Array) -> list[jax.Array]:
   return [jnp.where(never, jnp.zeros_like(x), x) for x in xs]
 
 
-def nonfinite_flags(xs: list[jax.Array]) -> jax.Array:
+def nonfinite_flags(xs: list[jax.Array], layout: Optional[layout_lib.Layout] = None,
+                    joined: Optional[jax.Array] = None) -> jax.Array:
   """:func:`is_nonfinite` of every tensor of ``xs`` (float32), in one reduction: bool ``(k,)``.
 
-  Several tensors are laid end to end in chunks (:class:`jaxcomp.layout.Layout`
-  with one plane, zero padding) and reduced by chunk and then by tensor: a
-  reduction a tensor costs a kernel launch each (on XLA:CPU about as much as
-  the reduction of a small tensor itself). The flags are the same either way.
+  Several tensors are laid end to end in chunks (``layout``, by default
+  :class:`jaxcomp.layout.Layout` with one plane; ``joined``: their join in it,
+  if already computed) and reduced by chunk and then by tensor: a reduction a
+  tensor costs a kernel launch each (on XLA:CPU about as much as the
+  reduction of a small tensor itself). The flags are the same either way.
   """
-  if len(xs) == 1:
+  if len(xs) == 1 and joined is None:
     return is_nonfinite(xs[0])[None]
-  layout = layout_lib.Layout([core.size_of(jnp.shape(x)) for x in xs], 1)
-  x = layout.join([x.reshape(-1) for x in xs])
+  layout = layout_lib.Layout([core.size_of(jnp.shape(x)) for x in xs], 1) if layout is None else layout
+  x = layout.join([x.reshape(-1) for x in xs]) if joined is None else joined
   return jnp.isnan(layout.tensor_sum(x - x))
 
 
@@ -557,11 +570,13 @@ def compress(
     anywhere, ex = yield from agree_on_nonfinite(bad[None], exchange_steps(x, key, inner), agree)
     return gathered_tensor(g, x, bad, anywhere[0], residual, shard, ex, tracked_path)
 
-  def compress_bucket(ids, gs, xs, bad, residuals, shards, keys, tracked):
-    """A bucket's compressed tensors encoded at once (``bucket_encode``; ``keys`` stacked): a generator returning their results."""
+  def compress_bucket(ids, gs, xs, bad, residuals, shards, keys, tracked, layout):
+    """A bucket's compressed tensors encoded at once (``bucket_encode``; ``keys`` stacked; ``layout`` carrying
+    their join): a generator returning their results."""
     anywhere, exs = yield from agree_on_nonfinite(
         jnp.stack([bad[i] for i in ids]),
-        parallel.bucket_exchange_steps(compressor, [xs[i] for i in ids], keys, axis_name, need_own=use_ef), agree)
+        parallel.bucket_exchange_steps(compressor, [xs[i] for i in ids], keys, axis_name, need_own=use_ef,
+                                       layout=layout), agree)
     return [gathered_tensor(gs[i], xs[i], bad[i], a, residuals[i], shards[i], ex, tracked.get(i))
             for i, a, ex in zip(ids, anywhere, exs)]
 
@@ -608,18 +623,26 @@ def compress(
     # 1. Add the residual; set aside tensors that are not finite (a bucket encoded together at once:
     #    elsewhere a tensor's x may be computed in another loop with its check than alone, and
     #    XLA:CPU's contraction of a momentum's multiply-add into an FMA differs between loops).
-    xs, bad = {}, {}
+    #    A bucket encoded at once is joined once, in its encoder's layout, for the check and the encoder.
+    xs, bad, layouts = {}, {}, []
     for k, ids in enumerate(together + [[i] for i in compressed if i not in covered]):
       x_ids = [add_residual(p.leaves[i], residuals[i], use_ef) for i in ids]
       if 0 < k < len(together):  # a bucket's kernels start after the previous bucket's check
         x_ids = after(x_ids, bad[together[k - 1][-1]])
-      xs_ids, bad_ids = set_aside_nonfinite(x_ids)
+      bucket_layout = None
+      if k < len(together):
+        bucket_layout = layout_lib.Layout([core.size_of(jnp.shape(p.leaves[i])) for i in ids], compressor.planes)
+      xs_ids, bad_ids, bucket_layout = set_aside_nonfinite(x_ids, bucket_layout)
+      if bucket_layout is not None:
+        layouts.append(bucket_layout)
       xs.update(zip(ids, xs_ids))
       bad.update(zip(ids, bad_ids))
     if local is not None and compressed:  # a tensor's flag is the host's
       host_bad = local.any(jnp.stack([bad[i] for i in compressed]))
       for i, b in zip(compressed, host_bad):
         xs[i], bad[i] = jnp.where(b, jnp.zeros_like(xs[i]), xs[i]), b
+      layouts = [lay.with_input(set_aside_joined(lay, lay.joined, jnp.stack([bad[i] for i in ids])))
+                 for lay, ids in zip(layouts, together)]
     # 2. Skip (float) or compress and exchange each tensor, in buckets, agreeing on which tensors
     #    are not finite on some worker; carry its residual. The exchange of tensors encoded
     #    together is one step, at the bucket's first tensor (the others' steps are placeholders).
@@ -632,9 +655,9 @@ def compress(
     key_row = {i: j for j, i in enumerate(compressed)}
     leaf_keys = {i: key_rows[i][key_row[i]] for i in compressed}
     steps = [None] * len(p.leaves)
-    for ids in together:
+    for ids, bucket_layout in zip(together, layouts):
       bucket_keys = key_rows[ids[0]][np.array([key_row[i] for i in ids])]  # a bucket draws alike
-      steps[ids[0]] = compress_bucket(ids, p.leaves, xs, bad, residuals, shards, bucket_keys, p.tracked)
+      steps[ids[0]] = compress_bucket(ids, p.leaves, xs, bad, residuals, shards, bucket_keys, p.tracked, bucket_layout)
     for i, (g, r, inner, shard) in enumerate(zip(p.leaves, residuals, inners, shards)):
       if p.skipped[i]:
         steps[i] = float_tensor(g, r, inner, shard)

@@ -331,6 +331,25 @@ def test_nonfinite_flags_of_a_bucket_are_each_tensors_own():
   assert list(np.asarray(jax.jit(transforms.nonfinite_flags)(odd))) == [True, False]
 
 
+def test_the_check_joins_a_bucket_once_for_its_encoder():
+  """With the encoder's layout, the flags are the same, and the join it carries is that of the zeroed tensors."""
+  from jaxcomp import transforms
+  xs = _tensors(_SIZES, seed=2)
+  xs = [x.at[0].set(-0.0) if x.size else x for x in xs]  # a signed zero, kept as it is
+  xs[1], xs[3] = xs[1].at[-1].set(np.nan), xs[3].at[0].set(-np.inf)
+  lay = layout.Layout([x.size for x in xs], 5)
+
+  def check(xs):
+    zeroed, bad, carried = transforms.set_aside_nonfinite(xs, lay)  # the layout, carrying the join
+    return zeroed, bad, carried.joined_input(None), lay.join(zeroed)
+
+  zeroed, bad, joined, expected = jax.jit(check)(xs)
+  assert list(np.asarray(bad)) == [bool(transforms.is_nonfinite(x)) for x in xs] == [i in (1, 3) for i in range(len(xs))]
+  np.testing.assert_array_equal(np.asarray(joined).view(np.uint32), np.asarray(expected).view(np.uint32))
+  for x, z, b in zip(xs, zeroed, bad):
+    np.testing.assert_array_equal(np.asarray(z).view(np.uint32), np.asarray(jnp.zeros_like(x) if b else x).view(np.uint32))
+
+
 def test_terngrad_moments_of_a_bucket_are_each_tensors_own():
   """σ (two-pass, padding masked) and max|x| of every tensor, as numpy has them; a constant tensor has σ = 0."""
   tg = importlib.import_module("jaxcomp.compressors.terngrad")  # the module (the package exports the factory)

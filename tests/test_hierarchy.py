@@ -236,6 +236,27 @@ def test_nonfinite_input_on_one_device_is_the_hosts():
   assert int(jaxcomp.metrics(state)["nonfinite_tensors"]) == 1  # the host's, counted once
 
 
+@pytest.mark.parametrize("name", ["int8", "threelc"])
+def test_a_hosts_nonfinite_tensor_is_sent_as_zeros_by_every_device(name):
+  """nonfinite="zero": an Inf on one device, and the host's tensor is sent as zeros from all its slices.
+
+  The numbers are those of the host's tensor being zero (its devices' gradients zeroed), bit for bit:
+  the bucket's join, which the check computes once for the encoder, is zeroed by the host's flags.
+  """
+  tx = jaxcomp.get_transform(name, axis_name="hosts", within="local", nonfinite="zero")
+  poisoned, zeroed = _grads(0), _grads(0)
+  poisoned["dense"] = poisoned["dense"].at[5, 0, 0].set(jnp.inf)  # device 5: host 1 holds devices 4-7
+  zeroed["dense"] = zeroed["dense"].at[4:8].set(0.0)
+  outs = []
+  for g in (poisoned, zeroed):
+    state = parallel.replicate_workers(tx.init(_params()), H * L)
+    upd, state = _runner(tx, state)(g, state)
+    outs.append((upd, state.local.residual, int(jaxcomp.metrics(state)["nonfinite_tensors"])))
+  for a, b in zip(jax.tree.leaves(outs[0][:2]), jax.tree.leaves(outs[1][:2])):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  assert (outs[0][2], outs[1][2]) == (1, 0)
+
+
 def test_within_and_axis_name_must_not_share_an_axis():
   with pytest.raises(ValueError, match="share an axis"):
     jaxcomp.terngrad(axis_name=("hosts", "local"), within="local")

@@ -217,3 +217,17 @@ def test_collectives_counts_combined_and_async_collectives():
       "  %ard = f32[8]{0} all-reduce-done(%ars)",
   ])
   assert link.collectives(text) == {"all-gather": 1, "all-reduce": 2}
+
+
+def test_the_timed_step_updates_each_residual_in_its_own_buffer():
+  """benchmarks.link donates the state as a train step does: XLA copies no residual before the step.
+
+  (A donated buffer goes to the first output of its size: were the updates returned before the
+  state, each residual's buffer would go to an update, and XLA would copy every residual first.)
+  """
+  import jax
+  mesh = jax.make_mesh((jax.device_count(),), ("d",), axis_types=(jax.sharding.AxisType.Auto,))
+  shapes, g = link._workload("lenet", mesh, 0)
+  step, state = link._build("int8", shapes, mesh)
+  entry = step.lower(g, state).compile().as_text().split("ENTRY", 1)[1]
+  assert " copy(%param" not in entry

@@ -57,7 +57,7 @@ class Int8(core.BucketCompressor):
 
   def encode_bucket(self, xs, keys, agreed, layout):
     del keys, agreed
-    x = layout.join(xs)  # one plane: the tensors end to end
+    x = layout.joined_input(xs)  # one plane: the tensors end to end
     tops = layout.tensor_max(jnp.abs(x))  # every tensor's max|x| (zero padding: max|x| >= 0)
     q = jnp.clip(jnp.round(x[0] * layout.per_chunk(LEVELS * safe_reciprocal(tops))), -LEVELS, LEVELS)
     return Int8Payload(codes=layout.compact(q.astype(jnp.int8)), scale=(tops / LEVELS).astype(jnp.float32))

@@ -143,7 +143,7 @@ class TernGrad(core.BucketCompressor):
     """Every tensor's local scalar ``max|clip(x)|`` (Eq. 2), for Eq. 4's maximum over workers."""
     if not self.scalar_sharing:
       return None
-    return self._bounds_and_scales(layout.join(xs), layout)[1]
+    return self._bounds_and_scales(layout.joined_input(xs), layout)[1]
 
   def payload_struct(self, n):
     return TernGradPayload(codes=jax.ShapeDtypeStruct((twobit.packed_2bit_size(n),), jnp.uint8),
@@ -161,7 +161,7 @@ class TernGrad(core.BucketCompressor):
     bound, Eq. 2's scalar, its reciprocal) are computed for all tensors at
     once, on vectors of one value a tensor.
     """
-    x = layout.join(xs)  # padded with zeros: a zero draws code 0, the packing's own padding
+    x = layout.joined_input(xs)  # padded with zeros: a zero draws code 0, the packing's own padding
     bounds, scales = self._bounds_and_scales(x, layout)
     scales = (scales if agreed is None else agreed).astype(jnp.float32)
     mag = jnp.minimum(jnp.abs(x), layout.per_chunk(bounds))

@@ -93,9 +93,9 @@ class ThreeLCZeroRunPayload(NamedTuple):
   scale: jax.Array  # float32[]: m
 
 
-def ternary(x: jax.Array, m: jax.Array) -> jax.Array:
-  """§3.1: ``round(x/m)`` as int8, computed as ``x · (1/m)`` (``m = 0``: zeros)."""
-  return jnp.round(x * safe_reciprocal(m)).astype(jnp.int8)
+def ternary(x: jax.Array, m: jax.Array, inverse: Optional[jax.Array] = None) -> jax.Array:
+  """§3.1: ``round(x/m)`` as int8, computed as ``x · (1/m)`` (``m = 0``: zeros; ``inverse``: ``1/m`` if at hand)."""
+  return jnp.round(x * (safe_reciprocal(m) if inverse is None else inverse)).astype(jnp.int8)
 
 
 def quantize_3value(x: jax.Array, sparsity: float) -> tuple[jax.Array, jax.Array]:
@@ -163,7 +163,7 @@ class ThreeLC(core.BucketCompressor):
   def encode_bucket(self, xs, keys, agreed, layout):
     """§3.1 and §3.2 over the bucket: ``round(x/m)`` of each tensor's ``m``, five values a byte."""
     del keys, agreed
-    x = layout.join(xs)
+    x = layout.joined_input(xs)
     scales = (layout.tensor_max(jnp.abs(x)) * jnp.asarray(self.sparsity, jnp.float32)).astype(jnp.float32)
     q = jnp.round(x * layout.per_chunk(safe_reciprocal(scales)))
     # Shifted to {0, 1, 2}; base-3^5 pads with the digit 0 (jaxcomp.codecs.base243, step 4).
@@ -173,7 +173,8 @@ class ThreeLC(core.BucketCompressor):
   def own_bucket(self, xs, payload, layout):
     """``round(x/m)·m`` of each tensor (§3.1 step a): what its part decodes to, without unpacking it."""
     del layout  # (a bucket is encoded at once only with capacity=None: bucket_encode)
-    return [ternary(x, m).astype(jnp.float32) * m for x, m in zip(xs, payload.scale)]
+    inverses = safe_reciprocal(payload.scale)  # all at once: a kernel a bucket, not one a tensor
+    return [ternary(x, m, r).astype(jnp.float32) * m for x, r, m in zip(xs, inverses, payload.scale)]
 
   def encoded_bytes_bucket(self, payload, layout):
     """Every tensor's zero-run size (+ 4 for ``m``) in one pass over the bucket's bytes."""
