@@ -623,7 +623,12 @@ def compress(
     # 1. Add the residual; set aside tensors that are not finite (a bucket encoded together at once:
     #    elsewhere a tensor's x may be computed in another loop with its check than alone, and
     #    XLA:CPU's contraction of a momentum's multiply-add into an FMA differs between loops).
-    #    A bucket encoded at once is joined once, in its encoder's layout, for the check and the encoder.
+    #    With one worker per device, a bucket encoded at once is joined once, in its encoder's layout,
+    #    for the check and the encoder. (With vmap-simulated workers the join is every simulated
+    #    worker's, and its copy with the set-aside tensors zeroed cost more than a second join: LeNet's
+    #    step at 64 workers, benchmarks.step_time, 3LC 1.70 -> 1.90x float, TernGrad 1.81 -> 1.89x.)
+    names = parallel.axis_names(axis_name)
+    one_join = bool(names) and all(parallel.is_device_axis(n) for n in names)
     xs, bad, layouts = {}, {}, []
     for k, ids in enumerate(together + [[i] for i in compressed if i not in covered]):
       x_ids = [add_residual(p.leaves[i], residuals[i], use_ef) for i in ids]
@@ -632,16 +637,17 @@ def compress(
       bucket_layout = None
       if k < len(together):
         bucket_layout = layout_lib.Layout([core.size_of(jnp.shape(p.leaves[i])) for i in ids], compressor.planes)
-      xs_ids, bad_ids, bucket_layout = set_aside_nonfinite(x_ids, bucket_layout)
+      xs_ids, bad_ids, joined_layout = set_aside_nonfinite(x_ids, bucket_layout if one_join else None)
       if bucket_layout is not None:
-        layouts.append(bucket_layout)
+        layouts.append(bucket_layout if joined_layout is None else joined_layout)
       xs.update(zip(ids, xs_ids))
       bad.update(zip(ids, bad_ids))
     if local is not None and compressed:  # a tensor's flag is the host's
       host_bad = local.any(jnp.stack([bad[i] for i in compressed]))
       for i, b in zip(compressed, host_bad):
         xs[i], bad[i] = jnp.where(b, jnp.zeros_like(xs[i]), xs[i]), b
-      layouts = [lay.with_input(set_aside_joined(lay, lay.joined, jnp.stack([bad[i] for i in ids])))
+      layouts = [lay if lay.joined is None else
+                 lay.with_input(set_aside_joined(lay, lay.joined, jnp.stack([bad[i] for i in ids])))
                  for lay, ids in zip(layouts, together)]
     # 2. Skip (float) or compress and exchange each tensor, in buckets, agreeing on which tensors
     #    are not finite on some worker; carry its residual. The exchange of tensors encoded
