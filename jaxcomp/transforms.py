@@ -571,8 +571,10 @@ def compress(
     return gathered_tensor(g, x, bad, anywhere[0], residual, shard, ex, tracked_path)
 
   def compress_bucket(ids, gs, xs, bad, residuals, shards, keys, tracked, layout):
-    """A bucket's compressed tensors encoded at once (``bucket_encode``; ``keys`` stacked; ``layout`` carrying
-    their join): a generator returning their results."""
+    """A bucket's compressed tensors encoded at once: a generator returning their results.
+
+    ``bucket_encode``; ``keys`` stacked; ``layout`` the bucket's, carrying its join where the check made one.
+    """
     anywhere, exs = yield from agree_on_nonfinite(
         jnp.stack([bad[i] for i in ids]),
         parallel.bucket_exchange_steps(compressor, [xs[i] for i in ids], keys, axis_name, need_own=use_ef,
