@@ -135,11 +135,11 @@ class Layout:
     """The bucket's input ``flats`` joined (:meth:`join`, zero padding): the join the layout carries, if any.
 
     The non-finite check of :func:`jaxcomp.compress` (one worker per device)
-    joins a bucket's tensors once, in the encoder's layout, reads its flags from that join and hands it,
-    with the tensors it sets aside zeroed, to the encoder
-    (:meth:`with_input`): one join a bucket instead of two (ResNet-110's
-    3LC step: 329 fewer per-tensor kernels and 12 fewer copies). Either way
-    it holds :meth:`join` of ``flats``, bit for bit.
+    joins a bucket's tensors once, in the encoder's layout, reads its flags
+    from that join and hands it, with the tensors it sets aside zeroed, to the
+    encoder (:meth:`with_input`): one join a bucket instead of two
+    (ResNet-110's 3LC step: 329 fewer per-tensor kernels and 12 fewer copies).
+    Either way it holds :meth:`join` of ``flats``, bit for bit.
     """
     return self.join(flats) if self.joined is None else self.joined
 

@@ -434,8 +434,8 @@ def bucket_exchange_steps(
     keys: jax.Array,
     axis_name: AxisName,
     *,
+    layout: layout_lib.Layout,
     need_own: bool = False,
-    layout: Optional[layout_lib.Layout] = None,
 ):
   """The default exchange of a bucket of tensors, each encode and decode run once for all (messages).
 
@@ -444,15 +444,15 @@ def bucket_exchange_steps(
   every tensor's agreement (one message), one :meth:`~jaxcomp.core.Compressor.encode_bucket`
   over the bucket's layout (:mod:`jaxcomp.layout`), one gather of the bucket's
   payload and one aggregate; for error feedback, each tensor's own payload is
-  decoded alone (see the comment below). ``layout``: the bucket's layout, if
-  built already (it may carry the bucket's input joined). Returns one :class:`~jaxcomp.core.Exchanged` per tensor, with
+  decoded alone (see the comment below). ``layout`` is the bucket's layout in
+  the compressor's planes, which may carry the bucket's input joined
+  (:meth:`~jaxcomp.layout.Layout.joined_input`). Returns one :class:`~jaxcomp.core.Exchanged` per tensor, with
   the numbers and bytes of :func:`exchange_steps` on that tensor alone: the
   bucket's payload is its tensors' payloads end to end, and its elementwise
   work is theirs (a bucket of one is the per-tensor exchange).
   """
   shapes = [x.shape for x in xs]
   sizes = [core.size_of(s) for s in shapes]
-  layout = layout_lib.Layout(sizes, compressor.planes) if layout is None else layout
   flats = [x.reshape(-1) for x in xs]
   agreed = compressor.agree_bucket(flats, layout)
   agreement_bytes = [0] * len(xs)

@@ -282,8 +282,9 @@ def agree_on_nonfinite(bad: jax.Array, steps: Any, agree: bool):
   """Runs exchange ``steps`` with the workers' agreement on ``bad`` in its messages.
 
   ``steps`` is an exchange's generator of messages; this is one too (see
-  :func:`jaxcomp.parallel.run`), returning ``(anywhere, result)``: ``anywhere[i]`` if tensor ``i``'s ``bad`` flag is set on *any*
-  worker, and the exchange's result. With ``agree``, the flags (one
+  :func:`jaxcomp.parallel.run`), returning ``(anywhere, result)``:
+  ``anywhere[i]`` if tensor ``i``'s ``bad`` flag is set on *any* worker, and
+  the exchange's result. With ``agree``, the flags (one
   :data:`FLAG_DTYPE` byte per tensor) travel with the exchange's first
   all-gather, after its agreements (``"max"``: TernGrad's scalar), and each
   worker takes their maximum over the gathered workers; an exchange without
@@ -509,6 +510,12 @@ def compress(
     raise ValueError("error_feedback needs a compressor.")
   routed = compressor is not None and exchange != "all_gather"
   agree = nonfinite == "propagate" and bool(parallel.axis_names(axis_name))  # on non-finite tensors
+  # With one worker per device, a bucket encoded at once is joined once, in its encoder's layout, for the
+  # check and the encoder. (With vmap-simulated workers the join is every simulated worker's, and its copy
+  # with the set-aside tensors zeroed cost more than a second join: LeNet's step at 64 workers,
+  # benchmarks.step_time, 3LC 1.70 -> 1.90x float, TernGrad 1.81 -> 1.89x.)
+  worker_axes = parallel.axis_names(axis_name)
+  one_join = bool(worker_axes) and all(map(parallel.is_device_axis, worker_axes))
   use_shard = routed and use_ef and not two_phase.unsupported(compressor)
   keys = _metric_keys(compressor, exchange)
   tracked_re = re.compile(tensor_metrics) if tensor_metrics else None
@@ -577,8 +584,8 @@ def compress(
     """
     anywhere, exs = yield from agree_on_nonfinite(
         jnp.stack([bad[i] for i in ids]),
-        parallel.bucket_exchange_steps(compressor, [xs[i] for i in ids], keys, axis_name, need_own=use_ef,
-                                       layout=layout), agree)
+        parallel.bucket_exchange_steps(compressor, [xs[i] for i in ids], keys, axis_name, layout=layout,
+                                       need_own=use_ef), agree)
     return [gathered_tensor(gs[i], xs[i], bad[i], a, residuals[i], shards[i], ex, tracked.get(i))
             for i, a, ex in zip(ids, anywhere, exs)]
 
@@ -625,12 +632,7 @@ def compress(
     # 1. Add the residual; set aside tensors that are not finite (a bucket encoded together at once:
     #    elsewhere a tensor's x may be computed in another loop with its check than alone, and
     #    XLA:CPU's contraction of a momentum's multiply-add into an FMA differs between loops).
-    #    With one worker per device, a bucket encoded at once is joined once, in its encoder's layout,
-    #    for the check and the encoder. (With vmap-simulated workers the join is every simulated
-    #    worker's, and its copy with the set-aside tensors zeroed cost more than a second join: LeNet's
-    #    step at 64 workers, benchmarks.step_time, 3LC 1.70 -> 1.90x float, TernGrad 1.81 -> 1.89x.)
-    names = parallel.axis_names(axis_name)
-    one_join = bool(names) and all(parallel.is_device_axis(n) for n in names)
+    #    A bucket encoded at once is joined once for the check and its encoder (one_join).
     xs, bad, layouts = {}, {}, []
     for k, ids in enumerate(together + [[i] for i in compressed if i not in covered]):
       x_ids = [add_residual(p.leaves[i], residuals[i], use_ef) for i in ids]

@@ -344,10 +344,12 @@ def test_the_check_joins_a_bucket_once_for_its_encoder():
     return zeroed, bad, carried.joined_input(None), lay.join(zeroed)
 
   zeroed, bad, joined, expected = jax.jit(check)(xs)
-  assert list(np.asarray(bad)) == [bool(transforms.is_nonfinite(x)) for x in xs] == [i in (1, 3) for i in range(len(xs))]
-  np.testing.assert_array_equal(np.asarray(joined).view(np.uint32), np.asarray(expected).view(np.uint32))
+  alone = [bool(transforms.is_nonfinite(x)) for x in xs]
+  assert list(np.asarray(bad)) == alone == [i in (1, 3) for i in range(len(xs))]
+  bits = lambda a: np.asarray(a).view(np.uint32)
+  np.testing.assert_array_equal(bits(joined), bits(expected))
   for x, z, b in zip(xs, zeroed, bad):
-    np.testing.assert_array_equal(np.asarray(z).view(np.uint32), np.asarray(jnp.zeros_like(x) if b else x).view(np.uint32))
+    np.testing.assert_array_equal(bits(z), bits(jnp.zeros_like(x) if b else x))
 
 
 def test_terngrad_moments_of_a_bucket_are_each_tensors_own():
