@@ -74,6 +74,32 @@ def sum_leading(x: jax.Array) -> jax.Array:
   return x[0]
 
 
+def after(xs: Sequence[jax.Array], flag: jax.Array) -> list[jax.Array]:
+  """``xs`` unchanged, bit for bit, but computed after ``flag``, a bool scalar computed elsewhere.
+
+  Each ``x`` goes through a select on a predicate that is never true but
+  that XLA cannot fold (the flag's byte above 1), so whatever reads ``xs``
+  waits for ``flag``. A select moves bits: arithmetic such as ``x + (−0.0)``
+  would flush subnormals on XLA:CPU. XLA:CPU runs whatever is ready in the
+  order its schedule lists it, and a collective blocks its thread: this puts
+  work that can wait behind work the wire waits for. Two uses:
+
+  * a bucket's tensors after the previous bucket's check
+    (:func:`jaxcomp.compress`): without, every bucket's first kernels (its
+    residual add, its check, its statistics) run before the first collective
+    starts; with, the first bucket reaches the wire first (ResNet-110, 2
+    processes over 100 Mbit/s, ``benchmarks.link --profile``: the first
+    collective at 1–3 ms instead of 4–9 ms);
+  * this worker's own decode after its bucket's encode
+    (:func:`jaxcomp.parallel.bucket_exchange_steps`).
+
+  On GPU, where kernels of one stream run in order anyway, it changes nothing
+  but the order in which they are issued. The plain form is ``xs`` itself.
+  """
+  never = flag.astype(jnp.uint8) > 1
+  return [jnp.where(never, jnp.zeros_like(x), x) for x in xs]
+
+
 @dataclasses.dataclass(frozen=True)
 class Compressor:
   """Base class of all per-tensor compressors.
@@ -259,7 +285,7 @@ class BucketCompressor(Compressor):
   """A compressor that encodes a bucket at once: its per-tensor protocol is a bucket of one.
 
   A subclass implements :meth:`~Compressor.payload_struct`,
-  :meth:`~Compressor.encode_bucket` and :meth:`decode_columns` (and may
+  :meth:`~Compressor.encode_bucket` and :meth:`decode_planes` (and may
   override :meth:`aggregate_columns`), or, for a layout of its own,
   :meth:`~Compressor.decode_bucket` and :meth:`~Compressor.aggregate_bucket`; :meth:`encode`,
   :meth:`decode` and :meth:`aggregate` run them on one tensor, so a tensor
@@ -274,14 +300,23 @@ class BucketCompressor(Compressor):
   def aggregate_bucket(self, gathered, layout):
     return layout.split(self.aggregate_columns(gathered, layout))
 
+  def decode_planes(self, payload: Payload, layout: "layout_lib.Layout") -> list[jax.Array]:
+    """A bucket's payload decoded plane by plane: ``layout.planes`` float32 arrays ``(chunks, CHUNK)``.
+
+    Plane by plane because XLA:CPU vectorizes each plane's decode, but not one
+    loop over the planes stacked (3LC's aggregate of two workers' 8M values:
+    3.3 ms against 19 ms).
+    """
+    raise NotImplementedError
+
   def decode_columns(self, payload: Payload, layout: "layout_lib.Layout") -> jax.Array:
     """A bucket's payload decoded in its layout: float32 ``(planes, chunks, CHUNK)``."""
-    raise NotImplementedError
+    return jnp.stack(self.decode_planes(payload, layout))
 
   def aggregate_columns(self, gathered: Payload, layout: "layout_lib.Layout") -> jax.Array:
     """The mean of every worker's decoded bucket in its layout; ``gathered`` has a leading worker axis."""
-    decoded = jax.vmap(lambda p: self.decode_columns(p, layout))(gathered)
-    return sum_leading(decoded) / decoded.shape[0]
+    planes = jax.vmap(lambda p: self.decode_planes(p, layout))(gathered)
+    return jnp.stack([sum_leading(p) / p.shape[0] for p in planes])
 
   def encode(self, x, key, agreed):
     n = size_of(x.shape)

@@ -210,56 +210,50 @@ def set_aside_nonfinite(xs: list[jax.Array], layout: Optional[layout_lib.Layout]
   see NaN; the policy of :func:`compress` decides what the mean becomes.
   ``xs`` are checked together (:func:`nonfinite_flags`). With ``layout``, a
   bucket encoded at once (:mod:`jaxcomp.buckets`), they are joined in the
-  encoder's layout for the check, and the layout returned carries that join,
-  its set-aside tensors zeroed, for the encoder
-  (:meth:`jaxcomp.layout.Layout.joined_input`); without, it is ``None``.
+  encoder's layout for the check, and the layout returned carries that join
+  and every tensor's ``max|x|``, its set-aside tensors zeroed, for the encoder
+  (:meth:`jaxcomp.layout.Layout.joined_input`,
+  :meth:`~jaxcomp.layout.Layout.input_max_abs`); without, it is ``None``.
   """
-  joined = None if layout is None else layout.join([x.reshape(-1) for x in xs])
-  bad = nonfinite_flags(xs, layout, joined)
-  out = [jnp.where(b, jnp.zeros_like(x), x) for x, b in zip(xs, bad)]
-  return out, list(bad), None if layout is None else layout.with_input(set_aside_joined(layout, joined, bad))
+  if layout is None:
+    bad = nonfinite_flags(xs)
+    carried = None
+  else:
+    joined = layout.join([x.reshape(-1) for x in xs])
+    tops = layout.tensor_max(jnp.abs(joined))
+    bad = nonfinite(tops)
+    carried = set_aside(layout.with_input(joined, tops), bad)
+  return [jnp.where(b, jnp.zeros_like(x), x) for x, b in zip(xs, bad)], list(bad), carried
 
 
-def set_aside_joined(layout: layout_lib.Layout, joined: jax.Array, bad: jax.Array) -> jax.Array:
-  """``joined`` (a bucket's tensors in ``layout``) with the tensors flagged in ``bad`` zeroed."""
-  return jnp.where(layout.per_chunk(bad), jnp.zeros_like(joined), joined)
+def set_aside(layout: layout_lib.Layout, bad: jax.Array) -> layout_lib.Layout:
+  """``layout`` carrying its join and maxima with the tensors flagged in ``bad`` zeroed (a zero's max is +0)."""
+  joined = jnp.where(layout.per_chunk(bad), jnp.zeros_like(layout.joined), layout.joined)
+  return layout.with_input(joined, jnp.where(bad, jnp.zeros_like(layout.tops), layout.tops))
 
 
-def after(xs: list[jax.Array], bad: jax.Array) -> list[jax.Array]:
-  """``xs`` unchanged, bit for bit, but computed after ``bad``, a flag of the previous bucket's check.
-
-  Each ``x`` goes through a select on a predicate that is never true but
-  that XLA cannot fold (a flag's byte above 1), so the bucket's first kernel
-  reads the previous bucket's check. A select moves bits: arithmetic such as
-  ``x + (−0.0)`` would flush subnormals on XLA:CPU. XLA:CPU runs whatever is
-  ready breadth first: without this every bucket's first kernels (its
-  residual add, its check, its statistics) run before the first collective
-  starts; with it the buckets' checks follow the order of their exchange and
-  the first bucket reaches the wire first (ResNet-110, 2 processes over 100
-  Mbit/s, ``benchmarks.link --profile``: the first collective at 1–3 ms
-  instead of 4–9 ms). On GPU, where kernels of one stream run in order
-  anyway, it changes nothing but the order in which they are issued. The
-  plain form is ``xs`` itself.
-  """
-  never = bad.astype(jnp.uint8) > 1
-  return [jnp.where(never, jnp.zeros_like(x), x) for x in xs]
-
-
-def nonfinite_flags(xs: list[jax.Array], layout: Optional[layout_lib.Layout] = None,
-                    joined: Optional[jax.Array] = None) -> jax.Array:
+def nonfinite_flags(xs: list[jax.Array], layout: Optional[layout_lib.Layout] = None) -> jax.Array:
   """:func:`is_nonfinite` of every tensor of ``xs`` (float32), in one reduction: bool ``(k,)``.
 
   Several tensors are laid end to end in chunks (``layout``, by default
-  :class:`jaxcomp.layout.Layout` with one plane; ``joined``: their join in it,
-  if already computed) and reduced by chunk and then by tensor: a reduction a
-  tensor costs a kernel launch each (on XLA:CPU about as much as the
-  reduction of a small tensor itself). The flags are the same either way.
+  :class:`jaxcomp.layout.Layout` with one plane) and reduced by chunk and
+  then by tensor: a reduction a tensor costs a kernel launch each (on XLA:CPU
+  about as much as the reduction of a small tensor itself). The flags are the
+  same either way.
   """
-  if len(xs) == 1 and joined is None:
+  if len(xs) == 1 and layout is None:
     return is_nonfinite(xs[0])[None]
   layout = layout_lib.Layout([core.size_of(jnp.shape(x)) for x in xs], 1) if layout is None else layout
-  x = layout.join([x.reshape(-1) for x in xs]) if joined is None else joined
-  return jnp.isnan(layout.tensor_sum(x - x))
+  return nonfinite(layout.tensor_max(jnp.abs(layout.join([x.reshape(-1) for x in xs]))))
+
+
+def nonfinite(tops: jax.Array) -> jax.Array:
+  """Whether each tensor is not finite, from its ``max|x|`` (:meth:`~jaxcomp.layout.Layout.tensor_max`).
+
+  ``max|x|`` is ±Inf or NaN exactly when some value is: ``tensor_max``
+  propagates NaN.
+  """
+  return ~jnp.isfinite(tops)
 
 
 def is_nonfinite(x: jax.Array) -> jax.Array:
@@ -510,12 +504,7 @@ def compress(
     raise ValueError("error_feedback needs a compressor.")
   routed = compressor is not None and exchange != "all_gather"
   agree = nonfinite == "propagate" and bool(parallel.axis_names(axis_name))  # on non-finite tensors
-  # With one worker per device, a bucket encoded at once is joined once, in its encoder's layout, for the
-  # check and the encoder. (With vmap-simulated workers the join is every simulated worker's, and its copy
-  # with the set-aside tensors zeroed cost more than a second join: LeNet's step at 64 workers,
-  # benchmarks.step_time, 3LC 1.70 -> 1.90x float, TernGrad 1.81 -> 1.89x.)
   worker_axes = parallel.axis_names(axis_name)
-  one_join = bool(worker_axes) and all(map(parallel.is_device_axis, worker_axes))
   use_shard = routed and use_ef and not two_phase.unsupported(compressor)
   keys = _metric_keys(compressor, exchange)
   tracked_re = re.compile(tensor_metrics) if tensor_metrics else None
@@ -629,6 +618,12 @@ def compress(
       together = [ids for ids in ([i for i in group if not p.skipped[i] and not two_phase_chosen(p.leaves[i])]
                                   for group in (local.separate(groups) if local is not None else groups)) if ids]
     covered = {i for ids in together for i in ids}
+    # With one worker per device, a bucket encoded at once is joined once, in its encoder's layout, for
+    # the check and the encoder. (With vmap-simulated workers the join is every simulated worker's, and
+    # its copy with the set-aside tensors zeroed cost more than a second join: LeNet's step at 64
+    # workers, benchmarks.step_time, 3LC 1.70 -> 1.90x float, TernGrad 1.81 -> 1.89x.) Decided here,
+    # where the axes are bound: a device axis is one of the mesh that shard_map traces under.
+    one_join = bool(worker_axes) and all(map(parallel.is_device_axis, worker_axes))
     # 1. Add the residual; set aside tensors that are not finite (a bucket encoded together at once:
     #    elsewhere a tensor's x may be computed in another loop with its check than alone, and
     #    XLA:CPU's contraction of a momentum's multiply-add into an FMA differs between loops).
@@ -637,7 +632,7 @@ def compress(
     for k, ids in enumerate(together + [[i] for i in compressed if i not in covered]):
       x_ids = [add_residual(p.leaves[i], residuals[i], use_ef) for i in ids]
       if 0 < k < len(together):  # a bucket's kernels start after the previous bucket's check
-        x_ids = after(x_ids, bad[together[k - 1][-1]])
+        x_ids = core.after(x_ids, bad[together[k - 1][-1]])
       bucket_layout = None
       if k < len(together):
         bucket_layout = layout_lib.Layout([core.size_of(jnp.shape(p.leaves[i])) for i in ids], compressor.planes)
@@ -650,8 +645,7 @@ def compress(
       host_bad = local.any(jnp.stack([bad[i] for i in compressed]))
       for i, b in zip(compressed, host_bad):
         xs[i], bad[i] = jnp.where(b, jnp.zeros_like(xs[i]), xs[i]), b
-      layouts = [lay if lay.joined is None else
-                 lay.with_input(set_aside_joined(lay, lay.joined, jnp.stack([bad[i] for i in ids])))
+      layouts = [lay if lay.joined is None else set_aside(lay, jnp.stack([bad[i] for i in ids]))
                  for lay, ids in zip(layouts, together)]
     # 2. Skip (float) or compress and exchange each tensor, in buckets, agreeing on which tensors
     #    are not finite on some worker; carry its residual. The exchange of tensors encoded

@@ -318,6 +318,37 @@ def test_a_buckets_sums_and_maxima_are_each_tensors_own(planes):
     assert m == (np.abs(ref).max() if x.size else 0.0)
 
 
+@pytest.mark.parametrize("planes", [1, 4, 5])
+def test_a_buckets_maxima_propagate_nan_and_give_positive_zero(planes):
+  """A NaN anywhere makes its tensor's maximum NaN (also in a large tensor: XLA:CPU's fast reduction skips
+  NaNs); a tensor of ±0 has the maximum +0; the other tensors keep theirs."""
+  sizes = [300_000, 700, 40, 9]
+  xs = _tensors(sizes, seed=4)
+  for at in (0, 123_457, 299_999):
+    ys = [xs[0].at[at].set(np.nan), xs[1], jnp.full((40,), -0.0), xs[3].at[8].set(np.nan)]
+    lay = layout.Layout(sizes, planes)
+    got = np.asarray(jax.jit(lambda ys: lay.tensor_max(lay.join(ys)))(ys))
+    assert np.isnan(got[0]) and np.isnan(got[3]), (at, got)
+    assert got[1] == np.asarray(ys[1]).max() and got[2] == 0.0 and not np.signbit(got[2])
+
+
+@pytest.mark.parametrize("sparsity", [1.0, 1.75])
+def test_threelc_bucket_bytes_are_each_tensors_base243(sparsity):
+  """3LC's bucket encode writes every tensor's own §3.2 bytes, its padding digits 0 included (sizes not
+  a multiple of 5, under 5, empty), and its m = max|x|·s."""
+  from jaxcomp.codecs import base243
+  xs = _tensors(_SIZES + [7, 4, 2, 6], seed=5)
+  comp = jaxcomp.ThreeLC(sparsity)
+  lay = layout.Layout([x.size for x in xs], comp.planes)
+  payload = jax.jit(lambda xs: comp.encode_bucket(xs, None, None, lay))(xs)
+  for x, part in zip(xs, layout.payload_parts(payload, [comp.payload_struct(x.size) for x in xs])):
+    x = np.asarray(x)
+    m = np.float32(np.abs(x).max() * np.float32(sparsity)) if x.size else np.float32(0)
+    q = np.round(x * (np.float32(1) / m if m > 0 else np.float32(0))).astype(np.int8)
+    assert float(part.scale) == float(m), x.size
+    np.testing.assert_array_equal(np.asarray(part.codes), np.asarray(base243.base243_encode(q)), err_msg=str(x.size))
+
+
 def test_nonfinite_flags_of_a_bucket_are_each_tensors_own():
   from jaxcomp import transforms
   xs = _tensors(_SIZES, seed=1)
@@ -341,15 +372,39 @@ def test_the_check_joins_a_bucket_once_for_its_encoder():
 
   def check(xs):
     zeroed, bad, carried = transforms.set_aside_nonfinite(xs, lay)  # the layout, carrying the join
-    return zeroed, bad, carried.joined_input(None), lay.join(zeroed)
+    expected = lay.join(zeroed)
+    return (zeroed, bad, carried.joined_input(None), expected, carried.input_max_abs(None),
+            lay.tensor_max(jnp.abs(expected)))
 
-  zeroed, bad, joined, expected = jax.jit(check)(xs)
+  zeroed, bad, joined, expected, tops, expected_tops = jax.jit(check)(xs)
   alone = [bool(transforms.is_nonfinite(x)) for x in xs]
   assert list(np.asarray(bad)) == alone == [i in (1, 3) for i in range(len(xs))]
   bits = lambda a: np.asarray(a).view(np.uint32)
   np.testing.assert_array_equal(bits(joined), bits(expected))
+  np.testing.assert_array_equal(bits(tops), bits(expected_tops))  # and the maxima it carries
   for x, z, b in zip(xs, zeroed, bad):
     np.testing.assert_array_equal(bits(z), bits(jnp.zeros_like(x) if b else x))
+
+
+@pytest.mark.parametrize("layout_name", ["shard_map", "shard_map+vmap"])
+def test_a_transform_built_outside_the_mesh_joins_once_per_device(monkeypatch, layout_name):
+  """The single join is decided where the axes are bound: a transform is built before its mesh.
+
+  With one worker per device the check hands its join to the encoder; with vmap-simulated workers
+  inside it does not (see jaxcomp.transforms.compress).
+  """
+  from jaxcomp import transforms
+  given = []
+  real = transforms.set_aside_nonfinite
+
+  def spy(xs, layout=None):
+    if jax.sharding.get_abstract_mesh().axis_names:  # the step's trace (init traces without a mesh)
+      given.append(layout is not None)
+    return real(xs, layout)
+
+  monkeypatch.setattr(transforms, "set_aside_nonfinite", spy)
+  _run("threelc", layout_name, 4000, steps=1)
+  assert given and set(given) == {layout_name == "shard_map"}
 
 
 def test_terngrad_moments_of_a_bucket_are_each_tensors_own():

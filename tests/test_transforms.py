@@ -133,9 +133,9 @@ def test_after_leaves_every_value_bit_for_bit():
   """``after`` selects on a flag XLA cannot fold: ±0, subnormals, ±Inf and NaN keep their bits."""
   x = jnp.asarray([0.0, -0.0, 1e-45, -1e-45, 1.5, -2.5, jnp.inf, -jnp.inf, jnp.nan, 3.4e38], jnp.float32)
   for flag in (False, True):
-    (y,) = jax.jit(transforms.after)([x], jnp.asarray(flag))
+    (y,) = jax.jit(core.after)([x], jnp.asarray(flag))
     np.testing.assert_array_equal(np.asarray(y).view(np.uint32), np.asarray(x).view(np.uint32))
-  text = jax.jit(transforms.after).lower([x], jnp.asarray(True)).compile().as_text()
+  text = jax.jit(core.after).lower([x], jnp.asarray(True)).compile().as_text()
   assert "select" in text  # kept: the dependency that orders the buckets is real
 
 

@@ -104,6 +104,15 @@ def pack_digits(digits: jax.Array) -> jax.Array:
   return out
 
 
+def ternary_planes(b: jax.Array) -> list[jax.Array]:
+  """The values ``digit − 1`` ∈ {−1, 0, 1} of every byte's five planes, int8, plane by plane (a list).
+
+  Each plane apart, for a decoder to scale and sum plane by plane (see
+  :meth:`jaxcomp.core.BucketCompressor.decode_planes`).
+  """
+  return [digit(b, k).astype(jnp.int8) - jnp.int8(1) for k in range(5)]
+
+
 def unpack_digits(b: jax.Array) -> jax.Array:
   """The inverse of :func:`pack_digits`: the five digits of every byte, ``uint8[5, ...]``.
 

@@ -71,13 +71,14 @@ def pack_planes(codes: Any) -> jax.Array:
   return codes[0] | (codes[1] << 2) | (codes[2] << 4) | (codes[3] << 6)
 
 
-def _plane(b: jax.Array, k: int) -> jax.Array:
+def plane(b: jax.Array, k: int) -> jax.Array:
+  """The codes ``t + 1`` of plane ``k`` (bits ``2k .. 2k+1``) of every byte of ``b``."""
   return (b >> (2 * k)) & 3
 
 
 def unpack_planes(b: jax.Array) -> jax.Array:
   """The inverse of :func:`pack_planes`: the codes ``t + 1`` of every byte's four planes, ``uint8[4, ...]``."""
-  return jnp.stack([_plane(b, k) for k in range(4)])
+  return jnp.stack([plane(b, k) for k in range(4)])
 
 
 def unpack_codes(b: jax.Array, n: int) -> jax.Array:
@@ -85,7 +86,7 @@ def unpack_codes(b: jax.Array, n: int) -> jax.Array:
 
   Callers that scale the codes anyway convert these directly, saving a pass.
   """
-  return join_parts(b, _plane, n, 4)
+  return join_parts(b, plane, n, 4)
 
 
 # Sums of codes over workers, on the packed bytes. A byte's four codes (planes

@@ -58,12 +58,12 @@ class Int8(core.BucketCompressor):
   def encode_bucket(self, xs, keys, agreed, layout):
     del keys, agreed
     x = layout.joined_input(xs)  # one plane: the tensors end to end
-    tops = layout.tensor_max(jnp.abs(x))  # every tensor's max|x| (zero padding: max|x| >= 0)
+    tops = layout.input_max_abs(xs)  # every tensor's max|x| (zero padding: max|x| >= 0)
     q = jnp.clip(jnp.round(x[0] * layout.per_chunk(LEVELS * safe_reciprocal(tops))), -LEVELS, LEVELS)
     return Int8Payload(codes=layout.compact(q.astype(jnp.int8)), scale=(tops / LEVELS).astype(jnp.float32))
 
-  def decode_columns(self, payload, layout):
-    return (layout.expand(payload.codes).astype(jnp.float32) * layout.per_chunk(payload.scale))[None]
+  def decode_planes(self, payload, layout):
+    return [layout.expand(payload.codes).astype(jnp.float32) * layout.per_chunk(payload.scale)]
 
 
 @hyperparams.factory()

@@ -83,9 +83,9 @@ class StochasticTernary(TernGrad):
     digits = jnp.where(layout.valid(), codes, 0)
     return StochasticTernaryPayload(codes=layout.compact(base243.pack_digits(digits)), scale=scales)
 
-  def decode_columns(self, payload, layout):
-    t = base243.unpack_digits(layout.expand(payload.codes)).astype(jnp.int8) - jnp.int8(1)
-    return t.astype(jnp.float32) * layout.per_chunk(payload.scale)
+  def decode_planes(self, payload, layout):
+    scale = layout.per_chunk(payload.scale)
+    return [t.astype(jnp.float32) * scale for t in base243.ternary_planes(layout.expand(payload.codes))]
 
   def aggregate_columns(self, gathered, layout):
     if not self.scalar_sharing:

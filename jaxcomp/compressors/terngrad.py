@@ -174,9 +174,10 @@ class TernGrad(core.BucketCompressor):
       keep = layout.join([rng.uniform(k, n, self.rng) for k, n in zip(keys, layout.sizes)], fill=1.0) < prob
     return jnp.where(keep, jnp.where(x > 0, 2, 0), 1).astype(jnp.uint8), scales  # t + 1
 
-  def decode_columns(self, payload, layout):
-    codes = twobit.unpack_planes(layout.expand(payload.codes))  # t + 1
-    return (codes.astype(jnp.float32) - 1.0) * layout.per_chunk(payload.scale)
+  def decode_planes(self, payload, layout):
+    codes = layout.expand(payload.codes)
+    scale = layout.per_chunk(payload.scale)
+    return [(twobit.plane(codes, k).astype(jnp.float32) - 1.0) * scale for k in range(self.planes)]  # t + 1 → t·s
 
   def aggregate_columns(self, gathered, layout):
     if not self.scalar_sharing:
