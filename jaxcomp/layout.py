@@ -179,7 +179,9 @@ class Layout:
   def compact(self, a: jax.Array) -> jax.Array:
     """Per-column values ``(..., chunks, CHUNK)`` (packed bytes) as the payload's ``(..., M)``.
 
-    ``a`` is computed as one array first (:func:`materialize`), not once a tensor inside its slice.
+    ``a`` is computed as one array first (:func:`materialize`), not once a tensor inside its slice;
+    for one tensor too, so that its other readers (the pieces of a gather, 3LC's zero-run count)
+    read the bytes instead of computing them again (8M values, one core: the count 7–10 → 1.5 ms).
     """
     a = materialize(a)
     cols = [self._cut(a, i) for i in range(len(self.sizes))]

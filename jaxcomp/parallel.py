@@ -472,7 +472,7 @@ def bucket_exchange_steps(
     # tensor's residual must not depend on its bucket. A compressor whose decode is exact
     # computes it from the tensor (own_bucket: 3LC's round(x/m)·m); otherwise its part is decoded.
     # Either way after the encode: the wire waits for the encode, not for this (3LC, one tensor of
-    # 8M values, 2 processes over 100 Mbit/s: the first byte 7 ms earlier).
+    # 8M values, 2 processes over 100 Mbit/s: 0.173 s a call against 0.187 s, medians of 15).
     filled = [a for a in jax.tree.leaves(payload) if a.size]
     own = compressor.own_bucket(core.after(flats, filled[0].reshape(-1)[0] != 0) if filled else flats,
                                 payload, layout)
