@@ -239,7 +239,7 @@ class Layout:
     is set: the order of the chunks' sums, and so the last bit, may then vary
     from run to run.)
     """
-    return jax.ops.segment_sum(self._reduce_chunks(a, jnp.add), self._chunk_tensor(), len(self.sizes),
+    return jax.ops.segment_sum(self._sum_chunks(a), self._chunk_tensor(), len(self.sizes),
                                indices_are_sorted=True)
 
   def tensor_max(self, a: jax.Array) -> jax.Array:
@@ -270,10 +270,10 @@ class Layout:
     return jax.ops.segment_max(per_chunk, self._chunk_tensor(), len(self.sizes), indices_are_sorted=True) + 0.0
 
   @staticmethod
-  def _reduce_chunks(a: jax.Array, combine) -> jax.Array:
-    """``a`` (``(planes, chunks, CHUNK)``) reduced per chunk by ``combine``, in an order fixed here.
+  def _sum_chunks(a: jax.Array) -> jax.Array:
+    """``a`` (``(planes, chunks, CHUNK)``) summed per chunk, in an order fixed here.
 
-    Halves of each row are combined (a pairwise tree over its ``CHUNK`` values),
+    Halves of each row are added (a pairwise tree over its ``CHUNK`` values),
     then the planes in order: elementwise operations, which XLA neither
     reorders nor reassociates. A reduction op (``jnp.sum``) is ordered as XLA
     sees fit, and XLA:CPU orders a chunk's sum differently in a bucket than in
@@ -282,10 +282,10 @@ class Layout:
     assert a.shape[-1] & (a.shape[-1] - 1) == 0, "CHUNK must be a power of two"
     while a.shape[-1] > 1:
       half = a.shape[-1] // 2
-      a = combine(a[..., :half], a[..., half:])
+      a = a[..., :half] + a[..., half:]
     out = a[0, :, 0]
     for p in range(1, a.shape[0]):
-      out = combine(out, a[p, :, 0])
+      out = out + a[p, :, 0]
     return out
 
   def _chunk_tensor(self) -> jax.Array:

@@ -72,13 +72,8 @@ def pack_planes(codes: Any) -> jax.Array:
 
 
 def plane(b: jax.Array, k: int) -> jax.Array:
-  """The codes ``t + 1`` of plane ``k`` (bits ``2k .. 2k+1``) of every byte of ``b``."""
+  """The codes ``t + 1`` of plane ``k`` (bits ``2k .. 2k+1``) of every byte of ``b``: :func:`pack_planes` undone."""
   return (b >> (2 * k)) & 3
-
-
-def unpack_planes(b: jax.Array) -> jax.Array:
-  """The inverse of :func:`pack_planes`: the codes ``t + 1`` of every byte's four planes, ``uint8[4, ...]``."""
-  return jnp.stack([plane(b, k) for k in range(4)])
 
 
 def unpack_codes(b: jax.Array, n: int) -> jax.Array:
@@ -107,7 +102,7 @@ def lane_planes(s: jax.Array) -> jax.Array:
   """The four planes' lane values (int32) of summed :func:`spread_lanes` words, ``int32[4, ...]``.
 
   For ``s = Σ_i spread_lanes(b_i)`` over at most :data:`LANE_WORKERS` packed
-  streams this equals ``Σ_i unpack_planes(b_i)`` (as int32), exactly.
+  streams plane ``k`` equals ``Σ_i plane(b_i, k)`` (as int32), exactly.
   """
   return jnp.stack([((s >> (8 * k)) & 0xFF).astype(jnp.int32) for k in range(4)])
 

@@ -184,8 +184,8 @@ class TernGrad(core.BucketCompressor):
       return super().aggregate_columns(gathered, layout)
     workers = gathered.scale.shape[0]
     # The codes are summed on the packed bytes, LANE_WORKERS workers at a time
-    # (integer sums: exact in any order). The plain form unpacks every worker:
-    # core.sum_leading(jax.vmap(lambda c: twobit.unpack_planes(layout.expand(c)))(gathered.codes)).
+    # (integer sums: exact in any order). The plain form unpacks every worker, plane k being
+    # core.sum_leading(twobit.plane(jax.vmap(layout.expand)(gathered.codes), k)).
     codes = 0
     for lo in range(0, workers, twobit.LANE_WORKERS):
       lanes = layout.expand(core.sum_leading(twobit.spread_lanes(gathered.codes[lo:lo + twobit.LANE_WORKERS])))
