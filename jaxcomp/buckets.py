@@ -61,12 +61,9 @@ communication starts early; its later buckets are 25 MiB, ``bucket_cap_mb``,
 and Horovod's fusion buffer 64 MiB). Here every bucket is that small: a
 compressed bucket carries a sixteenth to a thirty-second of its float bytes
 (16 to 32 KiB), and the pipeline (:func:`_pipelined`) overlaps a bucket's
-transfer with the next ones' encoding only if there are several. Measured
-over emulated links (``benchmarks.link``: ResNet-110, 7 MB of float32, 2
-processes over 100 Mbit/s, float 0.59 s, medians of 15 calls in one run,
-2026-11-27), TernGrad took 42 ms with 256 KiB and with 512 KiB buckets, 47
-ms with 1 MiB and 54 ms with 2 MiB; QSGD 80, 81 and 88 ms (256 KiB to 1
-MiB), 3LC 43, 40 and 40 ms. The price is more collectives on large models
+transfer with the next ones' encoding only if there are several; over
+emulated links, ResNet-110's step was as fast or faster with 512 KiB as
+with larger buckets (docs/benchmarks.md, "Choices in the code"). The price is more collectives on large models
 (GPT-2 small: several hundred a step), which fast interconnects may not
 repay: pass a larger ``bucket_bytes`` there.
 """
@@ -168,8 +165,7 @@ def _pipelined(steps: Sequence[Any], groups: Sequence[Sequence[int]], axis_name:
   ones' statistics are computed and the earlier ones decoded. With the
   agreement one bucket ahead, the wire waited for each next encoding; with
   every bucket's agreement in one collective, the first byte waited for every
-  bucket's statistics (ResNet-110 at 2 processes over 100 Mbit/s: the first
-  byte at 16.5 ms of a 54 ms step; ``benchmarks.link --profile``).
+  bucket's statistics (docs/benchmarks.md, "Choices in the code").
 
   Who overlaps what: XLA:CPU has no scheduler for it; its runtime runs every
   operation whose inputs are ready on its thread pool, and a collective

@@ -87,9 +87,8 @@ def after(xs: Sequence[jax.Array], flag: jax.Array) -> list[jax.Array]:
   * a bucket's tensors after the previous bucket's check
     (:func:`jaxcomp.compress`): without, every bucket's first kernels (its
     residual add, its check, its statistics) run before the first collective
-    starts; with, the first bucket reaches the wire first (ResNet-110, 2
-    processes over 100 Mbit/s, ``benchmarks.link --profile``: the first
-    collective at 1–3 ms instead of 4–9 ms);
+    starts; with, the first bucket reaches the wire first (docs/benchmarks.md,
+    "Choices in the code");
   * this worker's own decode after its bucket's encode
     (:func:`jaxcomp.parallel.bucket_exchange_steps`).
 
@@ -304,8 +303,7 @@ class BucketCompressor(Compressor):
     """A bucket's payload decoded plane by plane: ``layout.planes`` float32 arrays ``(chunks, CHUNK)``.
 
     Plane by plane because XLA:CPU vectorizes each plane's decode, but not one
-    loop over the planes stacked (3LC's aggregate of two workers' 8M values:
-    3.3 ms against 19 ms).
+    loop over the planes stacked (docs/benchmarks.md, "Choices in the code").
     """
     raise NotImplementedError
 

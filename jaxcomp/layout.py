@@ -166,8 +166,7 @@ class Layout:
     XLA fuses the elementwise producer of ``a`` (a decode) into each tensor's slice: a loop a
     tensor, each reading only its own part (XLA simplifies the slice of a joined array to the
     slice of its part). Materializing ``a`` instead would fuse the join's concatenation of the
-    bucket's tensors into one loop, which on XLA:CPU searches its hundreds of operands per value
-    (ResNet-20: 12 ms, against 0.4 ms for the tensors' own decodes).
+    bucket's tensors into one loop, which on XLA:CPU searches its hundreds of operands per value.
     """
     out = []
     for i, n in enumerate(self.sizes):
@@ -181,7 +180,7 @@ class Layout:
 
     ``a`` is computed as one array first (:func:`materialize`), not once a tensor inside its slice;
     for one tensor too, so that its other readers (the pieces of a gather, 3LC's zero-run count)
-    read the bytes instead of computing them again (8M values, one core: the count 7–10 → 1.5 ms).
+    read the bytes instead of computing them again.
     """
     a = materialize(a)
     cols = [self._cut(a, i) for i in range(len(self.sizes))]
@@ -253,9 +252,9 @@ class Layout:
     producer (``|x|``); what remains is reduced as XLA sees fit. XLA:CPU hands
     a large reduction to a library that skips NaNs and reads a materialized
     input, so a NaN is found by a sum (of zeros and NaNs: exact in any order).
-    A tensor of 8M values, ``|x + r|`` included: 3.2 ms with 5 planes, 4.4 ms
-    with one; the fixed order of :meth:`tensor_sum`: 6.3 and 9.1 ms. The
-    padding counts: pass values for which it is neutral (``|x|`` with zero
+    Combining the planes first is faster than one plane, and both than the
+    fixed order of :meth:`tensor_sum` (docs/benchmarks.md, "Choices in the
+    code"). The padding counts: pass values for which it is neutral (``|x|`` with zero
     padding: the maximum is ``≥ 0`` anyway).
     """
     parts = [a[p] for p in range(a.shape[0])]
@@ -334,7 +333,7 @@ def _joined(parts: Sequence[jax.Array], axis: int = 0) -> jax.Array:
 
   Fused into a loop (such as :func:`materialize`'s), a concatenation of a
   bucket's hundreds of tensors is evaluated per value by a search over its
-  operands (XLA:CPU: ResNet-20's join took 8 ms instead of 0.26 ms); alone,
+  operands (XLA:CPU); alone,
   as XLA:CPU leaves it here, it is a copy.
   """
   return jnp.concatenate(parts, axis=axis)

@@ -228,10 +228,8 @@ def all_to_all(tree: Any, axis_name: AxisName) -> Any:
 
 
 # XLA:CPU's collectives (gloo over TCP) move one large buffer well below the
-# link's rate: between two processes over a 100 Mbit/s link an all-gather of
-# 2 MB took 0.213 s in one call and 0.168 s, the wire time, in pieces of at
-# most 256 KiB (8 MB: 0.97 s against 0.67 s; python -m benchmarks.link).
-# So on CPU the device collectives of the exchange go in pieces of at most
+# link's rate, and pieces of at most 256 KiB at the wire's rate (docs/benchmarks.md,
+# "Choices in the code"). So on CPU the device collectives of the exchange go in pieces of at most
 # PIECE_BYTES per message. GPU and TPU collectives (NCCL, ICI) pipeline large
 # buffers themselves; there the plain single call is kept (one piece).
 PIECE_BYTES = 256 * 1024
@@ -471,8 +469,7 @@ def bucket_exchange_steps(
     # bucket-wide decode would be a loop of its own in some buckets and not in others, and a
     # tensor's residual must not depend on its bucket. A compressor whose decode is exact
     # computes it from the tensor (own_bucket: 3LC's round(x/m)·m); otherwise its part is decoded.
-    # Either way after the encode: the wire waits for the encode, not for this (3LC, one tensor of
-    # 8M values, 2 processes over 100 Mbit/s: 0.173 s a call against 0.187 s, medians of 15).
+    # Either way after the encode: the wire waits for the encode, not for this.
     filled = [a for a in jax.tree.leaves(payload) if a.size]
     own = compressor.own_bucket(core.after(flats, filled[0].reshape(-1)[0] != 0) if filled else flats,
                                 payload, layout)

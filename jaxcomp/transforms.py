@@ -244,7 +244,7 @@ def nonfinite_flags(xs: list[jax.Array]) -> jax.Array:
     return is_nonfinite(xs[0])[None]
   layout = layout_lib.Layout([core.size_of(jnp.shape(x)) for x in xs], 1)
   # (Reading the flags from max|x| as set_aside_nonfinite does with an encoder's layout made LeNet's
-  # steps with 8 simulated workers 6% slower, benchmarks.step_time: there nothing shares it.)
+  # steps with simulated workers slower, benchmarks.step_time: there nothing shares it.)
   x = layout.join([x.reshape(-1) for x in xs])
   return jnp.isnan(layout.tensor_sum(x - x))
 
@@ -584,7 +584,7 @@ def compress(
     del params, extra_args
     if not core.is_traced((updates, state)):
       # Called eagerly (outside jit, vmap, shard_map): one compiled program instead of hundreds of
-      # operations dispatched one by one (6 s against 0.7 s for one small tensor).
+      # operations dispatched one by one (docs/design.md, "Host devices").
       return compiled_update(updates, state)
     return update(updates, state)
 
@@ -613,9 +613,8 @@ def compress(
     covered = {i for ids in together for i in ids}
     # With one worker per device, a bucket encoded at once is joined once, in its encoder's layout, for
     # the check and the encoder. (With vmap-simulated workers the join is every simulated worker's, and
-    # its copy with the set-aside tensors zeroed cost more than a second join: LeNet's step at 64
-    # workers, benchmarks.step_time, 3LC 1.70 -> 1.90x float, TernGrad 1.81 -> 1.89x.) Decided here,
-    # where the axes are bound: a device axis is one of the mesh that shard_map traces under.
+    # its copy with the set-aside tensors zeroed cost more than a second join, benchmarks.step_time.)
+    # Decided here, where the axes are bound: a device axis is one of the mesh that shard_map traces under.
     one_join = bool(worker_axes) and all(map(parallel.is_device_axis, worker_axes))
     # 1. Add the residual; set aside tensors that are not finite (a bucket encoded together at once:
     #    elsewhere a tensor's x may be computed in another loop with its check than alone, and

@@ -169,7 +169,7 @@ def render_model_check(root: str, runs: dict, out_path: str, img_dir: str) -> li
   del runs, out_path, img_dir
   import statistics  # pylint: disable=g-import-not-at-top
 
-  from benchmarks import link  # pylint: disable=g-import-not-at-top
+  from experiments import link_results as link  # pylint: disable=g-import-not-at-top
 
   docs = [d for d in link_docs(root) if link.rate_bits_per_second(d["link"])]
   if not docs:
