@@ -37,6 +37,8 @@ worker); with an axis name it performs the exchange, so the train step needs no
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import inspect
 import re
 from typing import Any, Callable, Literal, NamedTuple, Optional, Union
@@ -492,200 +494,303 @@ def compress(
   two_phase.check_exchange(exchange)
   if compressor is not None:
     two_phase.check(compressor, exchange)
-  use_ef = bool(compressor is not None and (compressor.error_feedback if error_feedback is None else error_feedback))
   if compressor is None and error_feedback:
     raise ValueError("error_feedback needs a compressor.")
-  routed = compressor is not None and exchange != "all_gather"
-  worker_axes = parallel.axis_names(axis_name)
-  agree = nonfinite == "propagate" and bool(worker_axes)  # on non-finite tensors
-  use_shard = routed and use_ef and not two_phase.unsupported(compressor)
-  keys = _metric_keys(compressor, exchange)
-  tracked_re = re.compile(tensor_metrics) if tensor_metrics else None
+  use_ef = bool(compressor is not None and (compressor.error_feedback if error_feedback is None else error_feedback))
+  steps = _Compress(compressor, axis_name, within, skip, min_size, seed, nonfinite, exchange, bucket_bytes, use_ef,
+                    re.compile(tensor_metrics) if tensor_metrics else None)
+  return _pass_through_skipped_nonfloat(optax.GradientTransformationExtraArgs(steps.init, steps.update_fn),
+                                        skip, min_size)
 
-  def plan(tree) -> _Plan:
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Compress:
+  """One :func:`compress` transform: its static options, and ``init`` and ``update`` as named steps.
+
+  An update (:meth:`update`): 0. with ``within``, the host's mean and this
+  device's slices (:mod:`jaxcomp.hierarchy`); 1. each compressed tensor's
+  input ``x = g + r`` and its non-finite check (:meth:`inputs`); 2. one
+  generator of messages per tensor, or per bucket encoded at once
+  (:meth:`tensor_steps`), run together by the transport
+  (:func:`jaxcomp.buckets.run`); 3. the counters (:meth:`metrics`); 4. the
+  updates and the new state (:meth:`new_state`).
+  """
+
+  compressor: Optional[core.Compressor]
+  axis_name: parallel.AxisName
+  within: parallel.AxisName
+  skip: SkipSpec
+  min_size: int
+  seed: int
+  nonfinite: NonFinitePolicy
+  exchange: two_phase.Exchange
+  bucket_bytes: int
+  use_ef: bool  # a residual per tensor (error feedback)
+  tracked_re: Optional[re.Pattern]  # tensor_metrics
+
+  @property
+  def worker_axes(self) -> tuple[str, ...]:
+    return parallel.axis_names(self.axis_name)
+
+  @property
+  def routed(self) -> bool:
+    """Whether a tensor may take the two-phase exchange (``exchange`` other than ``"all_gather"``)."""
+    return self.compressor is not None and self.exchange != "all_gather"
+
+  @property
+  def agree(self) -> bool:
+    """Whether the workers agree on non-finite tensors (a flag byte each travels)."""
+    return self.nonfinite == "propagate" and bool(self.worker_axes)
+
+  @property
+  def use_shard(self) -> bool:
+    """Whether the state keeps the two-phase exchange's shard residuals."""
+    return self.routed and self.use_ef and not two_phase.unsupported(self.compressor)
+
+  @property
+  def keys(self) -> tuple[str, ...]:
+    return _metric_keys(self.compressor, self.exchange)
+
+  # -- what happens to each tensor ---------------------------------------------------------------
+
+  def plan(self, tree) -> _Plan:
     leaves, treedef = jax.tree.flatten(tree)  # all float: see _pass_through_skipped_nonfloat
-    skipped = _resolve_skip(skip, tree, min_size, compressor is None)
+    skipped = _resolve_skip(self.skip, tree, self.min_size, self.compressor is None)
     tracked = {}
-    if tracked_re is not None:
+    if self.tracked_re is not None:
       paths = [path_str(p) for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
-      tracked = {i: p for i, p in enumerate(paths) if not skipped[i] and tracked_re.search(p)}
+      tracked = {i: p for i, p in enumerate(paths) if not skipped[i] and self.tracked_re.search(p)}
     return _Plan(leaves, treedef, skipped, tracked)
 
-  def exchange_steps(x, key, inner):
-    """Agree, encode, exchange, decode: the compressor's own exchange or the default one (messages)."""
-    if compressor.custom_exchange:
-      out = compressor.exchange(x, key, axis_name, _from_masked(inner))
-      return (yield from out) if inspect.isgenerator(out) else out
-    return (yield from parallel.exchange_steps(compressor, x, key, axis_name, inner, need_own=use_ef))
+  def two_phase_chosen(self, x: jax.Array) -> bool:
+    return self.routed and two_phase.choose(
+        self.compressor, x.size, parallel.axis_size(self.axis_name), self.exchange) == "two_phase"
 
-  def two_phase_tensor(g, x, bad, residual, inner, shard, key, tracked_path):
+  def policy_mean(self, mean: jax.Array, anywhere: jax.Array) -> jax.Array:
+    """The mean under the non-finite policy: all-NaN where some worker's tensor was not finite (``"propagate"``)."""
+    return jnp.where(anywhere, jnp.full_like(mean, jnp.nan), mean) if self.nonfinite == "propagate" else mean
+
+  # -- one tensor's (or bucket's) exchange: generators of messages returning _TensorResult s -------
+
+  def exchange_steps(self, x, key, inner):
+    """Agree, encode, exchange, decode: the compressor's own exchange or the default one (messages)."""
+    if self.compressor.custom_exchange:
+      out = self.compressor.exchange(x, key, self.axis_name, _from_masked(inner))
+      return (yield from out) if inspect.isgenerator(out) else out
+    return (yield from parallel.exchange_steps(self.compressor, x, key, self.axis_name, inner, need_own=self.use_ef))
+
+  def two_phase_tensor(self, g, x, bad, residual, inner, shard, key, tracked_path):
     anywhere, tp = yield from agree_on_nonfinite(
-        bad[None], two_phase.two_phase_steps(compressor, x, key, axis_name, _from_masked(shard),
-                                             need_own=use_ef or tracked_path is not None), agree)
+        bad[None], two_phase.two_phase_steps(self.compressor, x, key, self.axis_name, _from_masked(shard),
+                                             need_own=self.use_ef or tracked_path is not None), self.agree)
     anywhere = anywhere[0]
-    mean = jnp.where(anywhere, jnp.full_like(tp.mean, jnp.nan), tp.mean) if nonfinite == "propagate" else tp.mean
-    residual = carry_residual(x, tp.own, residual, bad) if use_ef else residual
-    if use_shard:  # a step whose mean is NaN on every worker leaves the shard residual as it was
-      shard = jnp.where(anywhere, shard, tp.shard_residual) if nonfinite == "propagate" else tp.shard_residual
+    mean = self.policy_mean(tp.mean, anywhere)
+    residual = carry_residual(x, tp.own, residual, bad) if self.use_ef else residual
+    if self.use_shard:  # a step whose mean is NaN on every worker leaves the shard residual as it was
+      shard = jnp.where(anywhere, shard, tp.shard_residual) if self.nonfinite == "propagate" else tp.shard_residual
     counts = count_two_phase_tensor(tp, g, bad, tracked_path)
     return _TensorResult(mean.astype(g.dtype), residual, inner, shard, counts)
 
-  def two_phase_chosen(x):
-    return routed and two_phase.choose(compressor, x.size, parallel.axis_size(axis_name), exchange) == "two_phase"
-
-  def gathered_tensor(g, x, bad, anywhere, residual, shard, ex, tracked_path):
+  def gathered_tensor(self, g, x, bad, anywhere, residual, shard, ex, tracked_path):
     """A tensor's result from its all-gather exchange's :class:`~jaxcomp.core.Exchanged`."""
-    mean = jnp.where(anywhere, jnp.full_like(ex.mean, jnp.nan), ex.mean) if nonfinite == "propagate" else ex.mean
-    residual = carry_residual(x, ex.own, residual, bad) if use_ef else residual
-    counts = count_tensor(compressor, ex, g, bad, tracked_path)
-    if routed:
-      workers = parallel.axis_size(axis_name)
-      counts["received_bytes"] = two_phase.all_gather_received(compressor, x.size, workers, ex.wire_bytes)
-    return tracked_route(_TensorResult(mean.astype(g.dtype), residual, _or_masked(ex.state), shard, counts),
-                         tracked_path)
+    mean = self.policy_mean(ex.mean, anywhere)
+    residual = carry_residual(x, ex.own, residual, bad) if self.use_ef else residual
+    counts = count_tensor(self.compressor, ex, g, bad, tracked_path)
+    if self.routed:
+      workers = parallel.axis_size(self.axis_name)
+      counts["received_bytes"] = two_phase.all_gather_received(self.compressor, x.size, workers, ex.wire_bytes)
+    return self.tracked_route(_TensorResult(mean.astype(g.dtype), residual, _or_masked(ex.state), shard, counts),
+                              tracked_path)
 
-  def tracked_route(result, tracked_path):
-    if routed and tracked_path is not None:
+  def tracked_route(self, result, tracked_path):
+    if self.routed and tracked_path is not None:
       counts = dict(result.counts)
       counts[f"two_phase:{tracked_path}"] = counts.get("two_phase_tensors", 0)
       result = result._replace(counts=counts)
     return result
 
-  def compress_tensor(g, x, bad, residual, inner, shard, key, tracked_path):
-    """One compressed tensor's step (a generator of messages returning a :class:`_TensorResult`)."""
-    if two_phase_chosen(x):
-      result = yield from two_phase_tensor(g, x, bad, residual, inner, shard, key, tracked_path)
-      return tracked_route(result, tracked_path)
-    anywhere, ex = yield from agree_on_nonfinite(bad[None], exchange_steps(x, key, inner), agree)
-    return gathered_tensor(g, x, bad, anywhere[0], residual, shard, ex, tracked_path)
+  def compress_tensor(self, g, x, bad, residual, inner, shard, key, tracked_path):
+    """One compressed tensor's step."""
+    if self.two_phase_chosen(x):
+      result = yield from self.two_phase_tensor(g, x, bad, residual, inner, shard, key, tracked_path)
+      return self.tracked_route(result, tracked_path)
+    anywhere, ex = yield from agree_on_nonfinite(bad[None], self.exchange_steps(x, key, inner), self.agree)
+    return self.gathered_tensor(g, x, bad, anywhere[0], residual, shard, ex, tracked_path)
 
-  def compress_bucket(ids, gs, xs, bad, residuals, shards, keys, tracked, layout):
-    """A bucket's compressed tensors encoded at once: a generator returning their results.
+  def compress_bucket(self, ids, gs, xs, bad, residuals, shards, keys, tracked, layout):
+    """A bucket's compressed tensors encoded at once: their results, a list.
 
     ``bucket_encode``; ``keys`` stacked; ``layout`` the bucket's, carrying its join where the check made one.
     """
     anywhere, exs = yield from agree_on_nonfinite(
         jnp.stack([bad[i] for i in ids]),
-        parallel.bucket_exchange_steps(compressor, [xs[i] for i in ids], keys, axis_name, layout=layout,
-                                       need_own=use_ef), agree)
-    return [gathered_tensor(gs[i], xs[i], bad[i], a, residuals[i], shards[i], ex, tracked.get(i))
+        parallel.bucket_exchange_steps(self.compressor, [xs[i] for i in ids], keys, self.axis_name, layout=layout,
+                                       need_own=self.use_ef), self.agree)
+    return [self.gathered_tensor(gs[i], xs[i], bad[i], a, residuals[i], shards[i], ex, tracked.get(i))
             for i, a, ex in zip(ids, anywhere, exs)]
 
-  def float_tensor(g, residual, inner, shard):
-    """One tensor kept in float (a generator of messages returning a :class:`_TensorResult`)."""
+  def float_tensor(self, g, residual, inner, shard):
+    """One tensor kept in float."""
     nbytes = core.size_of(g.shape) * g.dtype.itemsize
     counts = {"float_bytes": nbytes, "encoded_bytes": nbytes}
-    if routed:
-      counts["received_bytes"] = two_phase.allreduce_received(nbytes, parallel.axis_size(axis_name))
-    mean = yield from send_float(g, axis_name)
+    if self.routed:
+      counts["received_bytes"] = two_phase.allreduce_received(nbytes, parallel.axis_size(self.axis_name))
+    mean = yield from send_float(g, self.axis_name)
     return _TensorResult(mean, residual, inner, shard, counts)
 
-  def update_fn(updates, state, params=None, **extra_args):
+  # -- an update, step by step ---------------------------------------------------------------------
+
+  def update_fn(self, updates, state, params=None, **extra_args):
     del params, extra_args
     if not core.is_traced((updates, state)):
       # Called eagerly (outside jit, vmap, shard_map): one compiled program instead of hundreds of
       # operations dispatched one by one (docs/design.md, "Host devices").
-      return compiled_update(updates, state)
-    return update(updates, state)
+      return self.compiled_update(updates, state)
+    return self.update(updates, state)
 
-  def update(updates, state):
-    p = plan(updates)
-    check_gradients_vary(updates, parallel.axis_names(axis_name) + parallel.axis_names(within), compressor)
+  @functools.cached_property
+  def compiled_update(self):
+    return jax.jit(self.update)
+
+  def update(self, updates, state):
+    p = self.plan(updates)
+    check_gradients_vary(updates, self.worker_axes + parallel.axis_names(self.within), self.compressor)
     check_not_sharded(updates)
     residuals = p.treedef.flatten_up_to(state.local.residual)
     inners = p.treedef.flatten_up_to(state.inner)
-    shards = p.treedef.flatten_up_to(state.shard.residual) if use_shard else [optax.MaskedNode()] * len(p.leaves)
-    local = None
-    if within is not None:  # 0. The host's mean, this device's slices (jaxcomp.hierarchy).
-      local = hierarchy.Local(within, [jnp.shape(g) for g in p.leaves], compressor, p.skipped)
+    shards = (p.treedef.flatten_up_to(state.shard.residual) if self.use_shard
+              else [optax.MaskedNode()] * len(p.leaves))
+    local = whole = None
+    if self.within is not None:  # 0. The host's mean, this device's slices (jaxcomp.hierarchy).
+      local = hierarchy.Local(self.within, [jnp.shape(g) for g in p.leaves], self.compressor, p.skipped)
       whole = p.leaves
       p = p._replace(leaves=local.scatter(p.leaves))
       residuals, shards = local.take(residuals), local.take(shards)
     next_key, step_key = jax.random.split(state.key)
     compressed = [i for i, s in enumerate(p.skipped) if not s]
-    # A compressor with bucket_encode encodes a bucket's all-gathered tensors at once (together).
-    sizes = [4 * core.size_of(jnp.shape(g)) for g in p.leaves]
-    together = []
-    if compressor is not None and compressor.bucket_encode and not compressor.custom_exchange:
-      groups = buckets.assign(sizes, bucket_bytes)
-      together = [ids for ids in ([i for i in group if not p.skipped[i] and not two_phase_chosen(p.leaves[i])]
-                                  for group in (local.separate(groups) if local is not None else groups)) if ids]
+    together = self.encoded_together(p, local)
+    xs, bad, layouts = self.inputs(p, residuals, together, compressed)
+    if local is not None and compressed:
+      layouts = self.host_flags(local, xs, bad, layouts, together, compressed)
+    keys = self.leaf_keys(step_key, compressed, local)
+    steps = self.tensor_steps(p, xs, bad, residuals, inners, shards, together, layouts, keys)
+    results = self.run(steps, p, together)
+    metrics = self.metrics(p, results, local, whole, compressed)
+    return self.new_state(p, state, next_key, results, metrics, local)
+
+  def encoded_together(self, p: _Plan, local) -> list[list[int]]:
+    """The buckets (leaf ids) whose all-gathered tensors a compressor with ``bucket_encode`` encodes at once."""
+    if self.compressor is None or not self.compressor.bucket_encode or self.compressor.custom_exchange:
+      return []
+    groups = buckets.assign(_sizes(p), self.bucket_bytes)
+    if local is not None:
+      groups = local.separate(groups)
+    together = [[i for i in group if not p.skipped[i] and not self.two_phase_chosen(p.leaves[i])]
+                for group in groups]
+    return [ids for ids in together if ids]
+
+  def inputs(self, p: _Plan, residuals, together, compressed):
+    """1. Each compressed tensor's ``x = g + r``, its non-finite tensors set aside: ``(xs, bad, layouts)``.
+
+    A bucket encoded at once is checked together (elsewhere a tensor's ``x``
+    may be computed in another loop with its check than alone, and XLA:CPU's
+    contraction of a momentum's multiply-add into an FMA differs between
+    loops), and its kernels start after the previous bucket's check. With one
+    worker per device it is joined once, in its encoder's layout, for the
+    check and the encoder (``layouts`` carry the join). With vmap-simulated
+    workers the join is every simulated worker's, and its copy with the
+    set-aside tensors zeroed cost more than a second join
+    (``benchmarks.step_time``). Decided here, where the axes are bound: a
+    device axis is one of the mesh that ``shard_map`` traces under.
+    """
+    one_join = bool(self.worker_axes) and all(map(parallel.is_device_axis, self.worker_axes))
     covered = {i for ids in together for i in ids}
-    # With one worker per device, a bucket encoded at once is joined once, in its encoder's layout, for
-    # the check and the encoder. (With vmap-simulated workers the join is every simulated worker's, and
-    # its copy with the set-aside tensors zeroed cost more than a second join, benchmarks.step_time.)
-    # Decided here, where the axes are bound: a device axis is one of the mesh that shard_map traces under.
-    one_join = bool(worker_axes) and all(map(parallel.is_device_axis, worker_axes))
-    # 1. Add the residual; set aside tensors that are not finite (a bucket encoded together at once:
-    #    elsewhere a tensor's x may be computed in another loop with its check than alone, and
-    #    XLA:CPU's contraction of a momentum's multiply-add into an FMA differs between loops).
-    #    A bucket encoded at once is joined once for the check and its encoder (one_join).
     xs, bad, layouts = {}, {}, []
     for k, ids in enumerate(together + [[i] for i in compressed if i not in covered]):
-      x_ids = [add_residual(p.leaves[i], residuals[i], use_ef) for i in ids]
+      x_ids = [add_residual(p.leaves[i], residuals[i], self.use_ef) for i in ids]
       if 0 < k < len(together):  # a bucket's kernels start after the previous bucket's check
         x_ids = core.after(x_ids, bad[together[k - 1][-1]])
       bucket_layout = None
       if k < len(together):
-        bucket_layout = layout_lib.Layout([core.size_of(jnp.shape(p.leaves[i])) for i in ids], compressor.planes)
+        bucket_layout = layout_lib.Layout([core.size_of(jnp.shape(p.leaves[i])) for i in ids], self.compressor.planes)
       xs_ids, bad_ids, joined_layout = set_aside_nonfinite(x_ids, bucket_layout if one_join else None)
       if bucket_layout is not None:
         layouts.append(bucket_layout if joined_layout is None else joined_layout)
       xs.update(zip(ids, xs_ids))
       bad.update(zip(ids, bad_ids))
-    if local is not None and compressed:  # a tensor's flag is the host's
-      host_bad = local.any(jnp.stack([bad[i] for i in compressed]))
-      for i, b in zip(compressed, host_bad):
-        xs[i], bad[i] = jnp.where(b, jnp.zeros_like(xs[i]), xs[i]), b
-      layouts = [lay if lay.joined is None else set_aside(lay, jnp.stack([bad[i] for i in ids]))
-                 for lay, ids in zip(layouts, together)]
-    # 2. Skip (float) or compress and exchange each tensor, in buckets, agreeing on which tensors
-    #    are not finite on some worker; carry its residual. The exchange of tensors encoded
-    #    together is one step, at the bucket's first tensor (the others' steps are placeholders).
-    flag_bytes = len(compressed) * jnp.dtype(FLAG_DTYPE).itemsize if agree else 0
+    return xs, bad, layouts
+
+  @staticmethod
+  def host_flags(local, xs, bad, layouts, together, compressed):
+    """With ``within``, a tensor's flag is the host's: ``xs`` and ``bad`` updated, the layouts' joins zeroed alike."""
+    host_bad = local.any(jnp.stack([bad[i] for i in compressed]))
+    for i, b in zip(compressed, host_bad):
+      xs[i], bad[i] = jnp.where(b, jnp.zeros_like(xs[i]), xs[i]), b
+    return [lay if lay.joined is None else set_aside(lay, jnp.stack([bad[i] for i in ids]))
+            for lay, ids in zip(layouts, together)]
+
+  def leaf_keys(self, step_key, compressed, local):
+    """``(rows, row)``: tensor ``i``'s key is ``rows[i][row[i]]``; a bucket draws alike from its first tensor's rows."""
     if local is not None:
-      key_rows = local.leaf_keys(step_key, compressed, axis_name)
+      rows = local.leaf_keys(step_key, compressed, self.axis_name)
     else:
-      stacked = rng.leaf_keys(step_key, compressed, parallel.axis_index(axis_name))
-      key_rows = {i: stacked for i in compressed}
-    key_row = {i: j for j, i in enumerate(compressed)}
-    leaf_keys = {i: key_rows[i][key_row[i]] for i in compressed}
+      stacked = rng.leaf_keys(step_key, compressed, parallel.axis_index(self.axis_name))
+      rows = {i: stacked for i in compressed}
+    return rows, {i: j for j, i in enumerate(compressed)}
+
+  def tensor_steps(self, p: _Plan, xs, bad, residuals, inners, shards, together, layouts, keys):
+    """2. Every tensor's generator of messages; a bucket encoded at once is one, at its first tensor."""
+    rows, row = keys
+    covered = {i for ids in together for i in ids}
     steps = [None] * len(p.leaves)
     for ids, bucket_layout in zip(together, layouts):
-      bucket_keys = key_rows[ids[0]][np.array([key_row[i] for i in ids])]  # a bucket draws alike
-      steps[ids[0]] = compress_bucket(ids, p.leaves, xs, bad, residuals, shards, bucket_keys, p.tracked, bucket_layout)
+      bucket_keys = rows[ids[0]][np.array([row[i] for i in ids])]
+      steps[ids[0]] = self.compress_bucket(ids, p.leaves, xs, bad, residuals, shards, bucket_keys, p.tracked,
+                                           bucket_layout)
     for i, (g, r, inner, shard) in enumerate(zip(p.leaves, residuals, inners, shards)):
       if p.skipped[i]:
-        steps[i] = float_tensor(g, r, inner, shard)
+        steps[i] = self.float_tensor(g, r, inner, shard)
       elif i not in covered:
-        steps[i] = compress_tensor(g, xs[i], bad[i], r, inner, shard, leaf_keys[i], p.tracked.get(i))
-    results = buckets.run(steps, sizes, bucket_bytes, axis_name)
+        steps[i] = self.compress_tensor(g, xs[i], bad[i], r, inner, shard, rows[i][row[i]], p.tracked.get(i))
+    return steps
+
+  def run(self, steps, p: _Plan, together) -> list[_TensorResult]:
+    """The steps run by the transport, in buckets (:func:`jaxcomp.buckets.run`); a bucket's results spread to its tensors."""
+    results = buckets.run(steps, _sizes(p), self.bucket_bytes, self.axis_name)
     for ids in together:
       for i, result in zip(ids, results[ids[0]]):
         results[i] = result
-    # 3. Count.
+    return results
+
+  def metrics(self, p: _Plan, results, local, whole, compressed) -> dict[str, Count]:
+    """3. The update's counters."""
     if local is not None:  # a host's non-finite tensor counts once, not once per device
       for r in results:
         if "nonfinite_tensors" in r.counts:
           r.counts["nonfinite_tensors"] = jnp.where(local.index == 0, r.counts["nonfinite_tensors"], 0)
-    metrics = count_all(keys, results, p, flag_bytes)
+    flag_bytes = len(compressed) * jnp.dtype(FLAG_DTYPE).itemsize if self.agree else 0
+    metrics = count_all(self.keys, results, p, flag_bytes)
     if local is not None:
       # Every count depends on the host's size, which init's abstract trace sets to 1: traced, so
       # that the state keeps one structure.
       metrics["local_bytes"] = Count(local.bytes(whole, len(compressed), [r.inner for r in results]))
       metrics = {name: value.traced() for name, value in metrics.items()}
-    if routed:
+    if self.routed:
       # With a routed exchange, the counts that depend on the axis size (bytes received, which
       # route each tensor took, its bytes) are kept in their traced form: init's abstract trace
       # has one worker, and the state must keep one structure whatever the axis size.
-      metrics["received_bytes"] += two_phase.allreduce_received(flag_bytes, parallel.axis_size(axis_name))
+      metrics["received_bytes"] += two_phase.allreduce_received(flag_bytes, parallel.axis_size(self.axis_name))
       n_dependent = ["received_bytes", "bytes_on_wire", "compressed_bytes_on_wire", "encoded_bytes",
                      "two_phase_tensors"] + [f"two_phase:{path}" for path in p.tracked.values()]
       for name in n_dependent:
         metrics[name] = metrics[name].traced()
+    return metrics
+
+  def new_state(self, p: _Plan, state: CompressState, next_key, results, metrics, local):
+    """4. The updates and the new state (with ``within``: whole tensors on every device of the host)."""
     updates, inners = [r.update for r in results], [r.inner for r in results]
     residuals, shards = [r.residual for r in results], [r.shard for r in results]
-    if local is not None:  # 4. The whole tensors on every device of the host; the slices' residuals.
+    if local is not None:
       updates, inners = local.gather(updates), local.same(inners)
       residuals, shards = local.put(residuals), local.put(shards)
     new_state = CompressState(
@@ -693,30 +798,30 @@ def compress(
         key=next_key,
         inner=p.treedef.unflatten(inners),
         local=core.WorkerLocal(residual=p.treedef.unflatten(residuals), metrics=metrics),
-        shard=core.WorkerLocal(residual=p.treedef.unflatten(shards), metrics={}) if use_shard else None,
+        shard=core.WorkerLocal(residual=p.treedef.unflatten(shards), metrics={}) if self.use_shard else None,
     )
     return p.treedef.unflatten(updates), new_state
 
-  compiled_update = jax.jit(update)
+  # -- init ----------------------------------------------------------------------------------------
 
-  def init_fn(params):
-    p = plan(params)
-    if compressor is not None:
+  def init(self, params):
+    p = self.plan(params)
+    if self.compressor is not None:
       for leaf, s in zip(p.leaves, p.skipped):
         if not s:
-          compressor.validate(tuple(jnp.shape(leaf)), jnp.asarray(leaf).dtype)
+          self.compressor.validate(tuple(jnp.shape(leaf)), jnp.asarray(leaf).dtype)
     residual = [
-        optax.MaskedNode() if (s or not use_ef) else jnp.zeros(jnp.shape(leaf), jnp.float32)
+        optax.MaskedNode() if (s or not self.use_ef) else jnp.zeros(jnp.shape(leaf), jnp.float32)
         for leaf, s in zip(p.leaves, p.skipped)
     ]
-    key = jax.random.PRNGKey(seed)
+    key = jax.random.PRNGKey(self.seed)
     inner = [
-        optax.MaskedNode() if (s or compressor is None)
-        else _or_masked(compressor.init_state(tuple(jnp.shape(leaf)), jax.random.fold_in(key, i)))
+        optax.MaskedNode() if (s or self.compressor is None)
+        else _or_masked(self.compressor.init_state(tuple(jnp.shape(leaf)), jax.random.fold_in(key, i)))
         for i, (leaf, s) in enumerate(zip(p.leaves, p.skipped))
     ]
     shard = None
-    if use_shard:  # full-size: the number of workers, hence the shard, is known only at trace time
+    if self.use_shard:  # full-size: the number of workers, hence the shard, is known only at trace time
       shard = core.WorkerLocal(residual=p.treedef.unflatten(
           [optax.MaskedNode() if s else jnp.zeros(jnp.shape(leaf), jnp.float32)
            for leaf, s in zip(p.leaves, p.skipped)]), metrics={})
@@ -727,18 +832,24 @@ def compress(
         local=core.WorkerLocal(residual=p.treedef.unflatten(residual), metrics={}),
         shard=shard,
     )
-    # The sizes that are static per step (bytes of payloads, of float tensors)
-    # are the same before and after every update, so that the state keeps one
-    # pytree structure (for jit caches, lax.scan, checkpoints): trace one update
-    # abstractly (nothing runs) and keep its static counts, with zero for the rest.
-    traced = jax.eval_shape(_with_axes(update_fn, parallel.axis_names(axis_name) + parallel.axis_names(within)),
+    return state._replace(local=state.local._replace(metrics=self.static_metrics(params, state)))
+
+  def static_metrics(self, params, state: CompressState) -> dict[str, Count]:
+    """The counters before the first update: the sizes that are static per step, zero for the rest.
+
+    They are the same before and after every update, so that the state keeps
+    one pytree structure (for jit caches, ``lax.scan``, checkpoints): one
+    update is traced abstractly (nothing runs) and its static counts kept.
+    """
+    traced = jax.eval_shape(_with_axes(self.update_fn, self.worker_axes + parallel.axis_names(self.within)),
                             params, state)[1].local.metrics
-    metrics = {k: Count(v.static) if v.is_static else Count(v.static) + Count.of(jnp.uint32(0))
-               for k, v in traced.items()}
-    return state._replace(local=state.local._replace(metrics=metrics))
+    return {k: Count(v.static) if v.is_static else Count(v.static) + Count.of(jnp.uint32(0))
+            for k, v in traced.items()}
 
-  return _pass_through_skipped_nonfloat(optax.GradientTransformationExtraArgs(init_fn, update_fn), skip, min_size)
 
+def _sizes(p: _Plan) -> list[int]:
+  """Each tensor's float32 bytes (what fills a bucket)."""
+  return [4 * core.size_of(jnp.shape(g)) for g in p.leaves]
 
 def _with_axes(fn: Callable[..., Any], axis_name: parallel.AxisName) -> Callable[..., Any]:
   """``fn`` with every name of ``axis_name`` bound to a worker axis of size 1 (for tracing)."""
