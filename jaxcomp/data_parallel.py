@@ -138,6 +138,21 @@ class DataParallel:
 
   def __call__(self, params: Any, opt_state: Any, batch: Any) -> Any:
     """One step over every worker: ``(params, opt_state)``, and ``aux`` per worker if ``worker_step`` returns one."""
+    plan, args = self._prepare(params, opt_state, batch)
+    params, opt_state, aux = plan.step(*args)
+    return (params, opt_state) if aux is None else (params, opt_state, aux)
+
+  def lower(self, params: Any, opt_state: Any, batch: Any) -> jax.stages.Lowered:
+    """The step lowered for these inputs (``.compile().as_text()`` shows its collectives)."""
+    plan, args = self._prepare(params, opt_state, batch)
+    return plan.step.lower(*args)
+
+  def compiles(self) -> int:
+    """How many times the step has compiled (once, for inputs laid out as it returns them)."""
+    return sum(plan.step._cache_size() for plan in self._plans.values())  # pylint: disable=protected-access
+
+  def _prepare(self, params, opt_state, batch) -> tuple[_Plan, tuple[Any, Any, Any]]:
+    """The plan for this structure of inputs, and the inputs placed as it lays them out."""
     key = jax.tree.structure((params, opt_state, batch))
     plan = self._plans.get(key)
     if plan is None:
@@ -146,8 +161,7 @@ class DataParallel:
     if plan.shardings is not None and not _is_placed(args, plan.shardings):
       self._checked(opt_state, batch)  # first: moved as it is, a wrong shape fails in JAX's words
       args = _place(args, plan.shardings)
-    params, opt_state, aux = plan.step(*args)
-    return (params, opt_state) if aux is None else (params, opt_state, aux)
+    return plan, args
 
   def _plan(self, params, opt_state, batch) -> _Plan:
     donate = (0, 1) if self.donate else ()

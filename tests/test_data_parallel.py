@@ -1,6 +1,6 @@
 """``jaxcomp.data_parallel``: one call from a per-worker step to the data-parallel step, and no silent trap.
 
-Each mistake of a hand-written step (issue 49) either cannot happen through
+Each mistake a hand-written step invites either cannot happen through
 the entry point (it slices, lays out and places) or gets jaxcomp's own error
 naming the fix: a state without its worker axis, a batch that is not one row
 per worker, a state laid out or placed otherwise than the step returns it, a
@@ -86,7 +86,7 @@ def test_devices_give_the_simulated_workers_numbers_compiled_once(sharded, vmap_
   residual = np.asarray(run[1][0].local.residual["w"])
   assert residual.shape == (N, 6, 3) and not np.allclose(residual[0], residual[1])  # each worker's own
   assert run[2].shape == (N,)  # the loss, per worker
-  assert [p.step._cache_size() for p in step._plans.values()] == [1]
+  assert step.compiles() == 1
   assert float(jnp.abs(PARAMS["w"]).sum()) == 0  # the caller's parameters: copied, not donated
   assert params["w"].is_deleted() and not run[0]["w"].is_deleted()  # the step's own: updated in place
 
@@ -115,7 +115,7 @@ def test_a_state_laid_out_otherwise_is_moved_not_recompiled(sharded, vmap_run, m
     params = jax.tree.map(jnp.array, PARAMS)  # the step donates what it is given
   run = _three_steps(step, params, state)
   _assert_same(run, vmap_run)
-  assert [p.step._cache_size() for p in step._plans.values()] == [1]
+  assert step.compiles() == 1
 
 
 def test_a_batch_not_one_row_per_worker_is_refused(sharded):

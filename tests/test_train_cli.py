@@ -44,9 +44,11 @@ def test_a_misspelt_field_is_one_line_with_the_closest_exit_code_2():
   assert "Traceback" not in out.stdout + out.stderr
 
 
+TYPO = "terngrad_lent.py"  # a config file that does not exist
+
+
 @pytest.mark.parametrize("argv, message", [
-    (["--config", "configs/terngrad_lent.py"], "no file 'configs/terngrad_lent.py'; the closest is "
-                                               "'configs/terngrad_lenet.py'"),
+    (["--config", f"configs/{TYPO}"], f"no file 'configs/{TYPO}'; the closest is 'configs/terngrad_lenet.py'"),
     (["--config=configs/terngrad_lenet.py:runlocl"], "Unknown config argument(s) ['runlocl']"),
     (["--config", "configs/terngrad_lenet.py", "--config.compressor_kwargs.clip_sigmma=2"],
      "no field 'compressor_kwargs.clip_sigmma'; the closest is 'compressor_kwargs.clip_sigma'"),
