@@ -110,7 +110,7 @@ def _run_page(name, tmp_path, extra=()):
   return _run(_blocks("python")[:1] + _blocks("python", page) + list(extra), tmp_path).stdout
 
 
-def test_meshes_page_runs_on_auto_and_explicit_axes(tmp_path):
+def test_meshes_page_blocks_run_on_auto_and_explicit_axes(tmp_path):
   """Hosts, the model-sharded recipe as written on Auto axes and again on Explicit ones, and the step by hand."""
   page = (ROOT / "docs" / "meshes.md").read_text()
   sharded = next(b for b in _blocks("python", page) if "jaxcomp.per_shard(" in b)
@@ -133,7 +133,7 @@ def test_meshes_page_runs_on_auto_and_explicit_axes(tmp_path):
   assert m and 10 < float(m[1]) < 16, out
 
 
-def test_nnx_page_runs(tmp_path):
+def test_nnx_page_blocks_run(tmp_path):
   lines = _run_page("nnx.md", tmp_path).strip().splitlines()[1:]  # after the README program's
   # nnx.Optimizer under nnx.vmap learns the toy task (chance is log 10), with 2-bit codes ...
   m = re.fullmatch(r"nnx vmap: loss ([\d.]+), ([\d.]+)x", lines[0])
@@ -145,7 +145,7 @@ def test_nnx_page_runs(tmp_path):
   assert m and float(m[1]) < 1e-2, lines
 
 
-def test_wrappers_page_runs(tmp_path):
+def test_wrappers_page_blocks_run(tmp_path):
   out = _run_page("wrappers.md", tmp_path)
   # multi_steps(tx, 4): bytes on the 4th and 8th steps only, the same both times.
   m = re.search(r"multi_steps: bytes on the wire per step \[([\d, ]+)\]", out)
@@ -153,7 +153,7 @@ def test_wrappers_page_runs(tmp_path):
   assert wire and wire[3] == wire[7] > 0 and wire[:3] == wire[4:7] == [0, 0, 0], out
 
 
-def test_language_models_and_schedules_pages_run(tmp_path):
+def test_language_models_and_schedules_blocks_run(tmp_path):
   page = lambda name: (ROOT / "docs" / name).read_text()
   out = _run(_blocks("python")[:1] + _blocks("python", page("language_models.md"))
              + _blocks("python", page("schedules.md")), tmp_path).stdout
