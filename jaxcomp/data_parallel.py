@@ -37,13 +37,16 @@ same axes):
 
 * ``workers=N``, no mesh: ``N`` simulated workers on one device, ``vmap`` over
   ``axis_name``;
-* a mesh: one worker per device, ``shard_map`` over the mesh's axes (a tuple:
+* ``mesh=``: one worker per device, ``shard_map`` over the mesh's axes (a tuple:
   workers numbered major to minor). A compressor with ``within=`` (hosts of
   devices, :mod:`jaxcomp.hierarchy`) names part of them; a chain wrapped in
   :func:`jaxcomp.per_shard` leaves its model axes out (the workers are over
   the others, each worker's devices splitting the model). A mesh over the
   devices of several processes (``jax.distributed``) is laid out the same
-  way; there the batch must be the global one, the same in every process.
+  way; there the batch must be the global one, the same in every process;
+* both: ``workers / devices`` simulated workers on each device, ``vmap``
+  over ``axis_name`` inside the ``shard_map`` (the compressor's ``axis_name``
+  is then the mesh's axes and this one, e.g. ``("devices", "workers")``).
 """
 
 from __future__ import annotations
@@ -74,9 +77,9 @@ def data_parallel(worker_step: Callable[..., Any], tx: optax.GradientTransformat
       comes back per worker, with a leading worker axis.
     tx: the optax chain ``worker_step`` updates with (its compressor's
       ``axis_name`` names the worker axes).
-    workers: the number of simulated workers (``vmap`` on one device); give
-      this or ``mesh``.
-    mesh: the devices, one worker per device (``shard_map``).
+    workers: the number of simulated workers (``vmap``): on one device, or
+      with ``mesh``, ``workers / devices`` on each device.
+    mesh: the devices, one worker per device (``shard_map``) unless ``workers``.
     axis_name: the ``vmap`` axis of ``workers=``; a mesh's axes are its own.
     donate: donate the parameters and state (they are updated in place; do
       not use what was passed in after the call).
@@ -85,10 +88,9 @@ def data_parallel(worker_step: Callable[..., Any], tx: optax.GradientTransformat
     A :class:`DataParallel`: ``step.init(params)`` makes the laid-out
     ``(params, opt_state)``, ``step(params, opt_state, batch)`` runs a step.
   """
-  if (workers is None) == (mesh is None):
-    raise TypeError("data_parallel takes workers=N (N simulated workers, vmap on one device) or mesh= "
-                    "(one worker per device, shard_map); got "
-                    f"{'both' if mesh is not None else 'neither'}.")
+  if workers is None and mesh is None:
+    raise TypeError("data_parallel takes workers=N (N simulated workers, vmap on one device), mesh= "
+                    "(one worker per device, shard_map), or both (N / devices workers on each device).")
   if workers is not None and (not isinstance(workers, int) or workers < 1):
     raise ValueError(f"workers must be a positive int (simulated workers); got {workers!r}.")
   return DataParallel(worker_step, tx, workers, mesh, axis_name, donate)
@@ -110,18 +112,35 @@ class DataParallel:
     self._workers, self._axis_name = workers, axis_name
     self._plans: dict[Any, _Plan] = {}
 
-  def worker_axes(self, opt_state: Any) -> tuple[str, ...]:
-    """The axes the workers are laid over: the ``vmap`` axis, or the mesh's but a :func:`~jaxcomp.per_shard` model's."""
+  def device_axes(self, opt_state: Any) -> tuple[str, ...]:
+    """The mesh axes the workers are split over: all but a :func:`~jaxcomp.per_shard` model's (none under ``vmap``)."""
     if self.mesh is None:
-      return (self._axis_name,)
-    model = {a for s in _per_shard_states(opt_state) for a in s.axes}
-    return tuple(a for a in self.mesh.axis_names if a not in model)
+      return ()
+    return tuple(a for a in self.mesh.axis_names if a not in _model_axes(opt_state))
+
+  def worker_axes(self, opt_state: Any) -> tuple[str, ...]:
+    """Every axis the workers are numbered over, major to minor: :meth:`device_axes`, then the ``vmap`` axis if any."""
+    simulated = (self._axis_name,) if self._workers is not None else ()
+    return self.device_axes(opt_state) + simulated
 
   def num_workers(self, opt_state: Any) -> int:
-    """How many workers the step runs: ``workers=``, or the devices along :meth:`worker_axes`."""
-    if self.mesh is None:
-      return self._workers
-    return math.prod(self.mesh.shape[a] for a in self.worker_axes(opt_state))
+    """How many workers the step runs: ``workers=``, or the devices along :meth:`device_axes`."""
+    devices = math.prod(self.mesh.shape[a] for a in self.device_axes(opt_state)) if self.mesh else 1
+    if self._workers is None:
+      return devices
+    if self._workers % devices:
+      raise ValueError(f"workers={self._workers} is not a multiple of the {self.device_axes(opt_state)} "
+                       f"devices {dict(self.mesh.shape)}: every device runs workers / devices of them.")
+    return self._workers
+
+  def mapped(self, params: Any, opt_state: Any, batch: Any) -> Any:
+    """The step unjitted, to trace inside a step of one's own (``jax.jit`` of more than this).
+
+    The same ``vmap``/``shard_map`` and checks as a call, without the
+    placement, the donation and the ``jit``: the caller's ``jax.jit`` gives
+    those. Returns ``(params, opt_state, aux)`` (``aux`` None without one).
+    """
+    return self._vmapped(params, opt_state, batch) if self.mesh is None else self._sharded(params, opt_state, batch)
 
   def init(self, params: Any) -> tuple[Any, Any]:
     """``(params, opt_state)`` at step 0, laid out and placed as the step returns them.
@@ -166,15 +185,15 @@ class DataParallel:
   def _plan(self, params, opt_state, batch) -> _Plan:
     donate = (0, 1) if self.donate else ()
     if self.mesh is None:
-      return _Plan(None, jax.jit(self._vmapped, donate_argnums=donate))
+      return _Plan(None, jax.jit(self.mapped, donate_argnums=donate))
     shardings = self._shardings(params, opt_state, batch)
-    step = jax.jit(self._sharded, donate_argnums=donate, out_shardings=(shardings[0], shardings[1], None))
+    step = jax.jit(self.mapped, donate_argnums=donate, out_shardings=(shardings[0], shardings[1], None))
     return _Plan(shardings, step)
 
   def _shardings(self, params, opt_state, batch) -> tuple[Any, Any, Any]:
     """Where the step's inputs live: parameters replicated unless sharded over a model axis, the
     state split over the workers (:func:`jaxcomp.parallel.worker_shardings`), the batch a row a worker."""
-    axes = self.worker_axes(opt_state)
+    axes = self.device_axes(opt_state)
     model = _model_axes(opt_state)
 
     def param(a):
@@ -187,31 +206,39 @@ class DataParallel:
     return (jax.tree.map(param, params), parallel.worker_shardings(opt_state, self.mesh, axes),
             None if batch is None else jax.tree.map(lambda _: rows, batch))
 
-  def _checked(self, opt_state, batch) -> tuple[tuple[str, ...], int]:
-    axes, n = self.worker_axes(opt_state), self.num_workers(opt_state)
+  def _checked(self, opt_state, batch) -> None:
+    n = self.num_workers(opt_state)
     check_state(opt_state, n)
     parallel.check_batch(batch, n)
-    return axes, n
 
   def _vmapped(self, params, opt_state, batch):
     self._checked(opt_state, batch)
+    return _explained(self._simulated, self.worker_axes(opt_state))(params, opt_state, batch)
+
+  def _simulated(self, params, opt_state, batch):
+    """Simulated workers (all of them, or a device's): ``vmap`` over the rows of the state and batch."""
     axes = parallel.worker_axes(opt_state)
-    step = jax.vmap(self._one_worker, in_axes=(None, axes, 0), out_axes=(None, axes, 0),
-                    axis_name=self._axis_name)
-    return _explained(step, self.worker_axes(opt_state))(params, opt_state, batch)
+    return jax.vmap(self._one_worker, in_axes=(None, axes, 0), out_axes=(None, axes, 0),
+                    axis_name=self._axis_name)(params, opt_state, batch)
 
   def _sharded(self, params, opt_state, batch):
-    axes, _ = self._checked(opt_state, batch)
+    """``shard_map`` over :meth:`device_axes`: a worker per device, or ``vmap`` over each device's workers."""
+    self._checked(opt_state, batch)
+    axes = self.device_axes(opt_state)
     specs = parallel.worker_specs(opt_state, axes)
+    simulated = self._workers is not None
 
     def device(params, state, batch):  # one worker per device: its slice of the state and batch
+      if simulated:  # several: vmap over this device's rows
+        return self._simulated(params, state, batch)
       state, batch = parallel.worker_slice(state, 0), parallel.worker_batch(batch)
       params, state, aux = _model_axes_auto(self._one_worker, self.mesh, params, state)(params, state, batch)
       return params, parallel.expand_workers(state), jax.tree.map(lambda a: a[None], aux)
 
+    # Collectives over a vmap axis inside shard_map need its varying-axes check off (jaxcomp.parallel).
     step = jax.shard_map(device, mesh=self.mesh, in_specs=(P(), specs, P(axes)),
-                         out_specs=(P(), specs, P(axes)), axis_names=set(axes))
-    return _explained(step, axes)(params, opt_state, batch)
+                         out_specs=(P(), specs, P(axes)), axis_names=set(axes), check_vma=not simulated)
+    return _explained(step, self.worker_axes(opt_state))(params, opt_state, batch)
 
   def _one_worker(self, params, opt_state, batch):
     out = self.worker_step(params, opt_state, batch)
@@ -222,7 +249,8 @@ class DataParallel:
     return params, opt_state, jax.tree.map(jnp.asarray, aux)
 
   def __repr__(self):
-    where = f"workers={self._workers}" if self.mesh is None else f"mesh={dict(self.mesh.shape)}"
+    where = ", ".join(([f"workers={self._workers}"] if self._workers is not None else [])
+                      + ([f"mesh={dict(self.mesh.shape)}"] if self.mesh is not None else []))
     return f"DataParallel({getattr(self.worker_step, '__name__', 'worker_step')}, {where})"
 
 

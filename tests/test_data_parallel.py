@@ -91,6 +91,19 @@ def test_devices_give_the_simulated_workers_numbers_compiled_once(sharded, vmap_
   assert params["w"].is_deleted() and not run[0]["w"].is_deleted()  # the step's own: updated in place
 
 
+def test_several_workers_per_device_give_the_simulated_workers_numbers(vmap_run):
+  """``workers=8`` on 4 devices: two simulated workers on each, ``vmap`` inside the ``shard_map``."""
+  mesh = jax.make_mesh((4,), ("devices",), axis_types=(jax.sharding.AxisType.Auto,), devices=jax.devices()[:4])
+  tx = _tx(("devices", "workers"))
+  step = jaxcomp.data_parallel(_worker_step(tx, axis=("devices", "workers")), tx, mesh=mesh, workers=N)
+  params, state = step.init(PARAMS)
+  assert state[0].local.residual["w"].sharding.spec == P("devices")
+  _assert_same(_three_steps(step, params, state), vmap_run)
+  assert step.compiles() == 1
+  with pytest.raises(ValueError, match=r"workers=6 is not a multiple of the \('devices',\) devices"):
+    jaxcomp.data_parallel(_worker_step(tx), tx, mesh=mesh, workers=6).init(PARAMS)
+
+
 def test_a_state_without_its_worker_axis_is_refused(sharded):
   """The plain optax layout (``tx.init(params)``): every device would get a slice of one residual."""
   tx, step = sharded
@@ -148,7 +161,7 @@ def test_a_compressor_over_other_axes_or_none_is_named(mesh, layout):
 
 def test_what_worker_step_returns_and_the_layout_are_checked():
   tx = _tx()
-  with pytest.raises(TypeError, match="workers=N .* or mesh="):
+  with pytest.raises(TypeError, match="takes workers=N .*mesh="):
     jaxcomp.data_parallel(_worker_step(tx), tx)
   step = jaxcomp.data_parallel(lambda p, s, b: p, tx, workers=N)
   with pytest.raises(TypeError, match=r"must return \(params, opt_state\)"):

@@ -129,6 +129,8 @@ def test_meshes_page_blocks_run_on_auto_and_explicit_axes(tmp_path):
     assert float(loss) < 0.5 * np.log(10), out
     assert int(f32) == 4 * (64 * 16 + 32 + 16 * 10 + 10) and 10 < int(f32) / int(wire) < 16, out
   assert runs[0] == runs[1], "Explicit axes must give the Auto numbers"
+  m = re.search(r"8 workers on 4 devices: loss ([\d.]+)", out)
+  assert m and float(m[1]) < 0.5 * np.log(10), out
   m = re.search(r"by hand: ([\d.]+)x over 8 devices", out)
   assert m and 10 < float(m[1]) < 16, out
 
