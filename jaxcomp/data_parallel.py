@@ -27,9 +27,10 @@ under ``shard_map``, where it keeps each device's gradient its own)::
 * the slicing around ``worker_step``: it sees one worker's state and batch
   (:func:`~jaxcomp.parallel.worker_slice`, :func:`~jaxcomp.parallel.worker_batch`,
   :func:`~jaxcomp.parallel.expand_workers`);
-* the checks, when the step is traced (not at every call): a batch with one
-  row per worker (:func:`~jaxcomp.parallel.check_batch`), a state with its
-  worker axis, a compressor exchanging over the step's worker axes;
+* the checks, when the step is traced and before an input is moved (not
+  at every call): a batch with one row per worker
+  (:func:`~jaxcomp.parallel.check_batch`), a state with its worker axis
+  (:func:`check_state`), a compressor exchanging over the step's worker axes;
 * ``jax.jit`` with the parameters and state donated (updated in place).
 
 The layouts, by what ``mesh`` holds (the compressor's ``axis_name`` names the
@@ -140,7 +141,9 @@ class DataParallel:
     placement, the donation and the ``jit``: the caller's ``jax.jit`` gives
     those. Returns ``(params, opt_state, aux)`` (``aux`` None without one).
     """
-    return self._vmapped(params, opt_state, batch) if self.mesh is None else self._sharded(params, opt_state, batch)
+    if self.mesh is None:
+      return self._vmapped(params, opt_state, batch)
+    return self._sharded(params, opt_state, batch)
 
   def init(self, params: Any) -> tuple[Any, Any]:
     """``(params, opt_state)`` at step 0, laid out and placed as the step returns them.
