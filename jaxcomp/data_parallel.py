@@ -30,7 +30,7 @@ under ``shard_map``, where it keeps each device's gradient its own)::
 * the checks, when the step is traced and before an input is moved (not
   at every call): a batch with one row per worker
   (:func:`~jaxcomp.parallel.check_batch`), a state with its worker axis
-  (:func:`check_state`), a compressor exchanging over the step's worker axes;
+  (:func:`~jaxcomp.parallel.check_state`), a compressor exchanging over the step's worker axes;
 * ``jax.jit`` with the parameters and state donated (updated in place).
 
 The layouts, by what ``mesh`` holds (the compressor's ``axis_name`` names the
@@ -62,7 +62,6 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 import optax
 
-from jaxcomp import core
 from jaxcomp import parallel
 from jaxcomp import sharded
 
@@ -211,7 +210,7 @@ class DataParallel:
 
   def _checked(self, opt_state, batch) -> None:
     n = self.num_workers(opt_state)
-    check_state(opt_state, n)
+    parallel.check_state(opt_state, n)
     parallel.check_batch(batch, n)
 
   def _vmapped(self, params, opt_state, batch):
@@ -264,27 +263,6 @@ def _per_shard_states(opt_state: Any) -> list[sharded.PerShardState]:
 
 def _model_axes(opt_state: Any) -> set[str]:
   return {a for s in _per_shard_states(opt_state) for a in s.axes}
-
-
-def check_state(opt_state: Any, num_workers: int) -> None:
-  """Raises a ValueError naming the first worker-local leaf whose leading axis is not ``num_workers``.
-
-  A state straight from ``tx.init`` has no worker axis: run as it is, each
-  device would get a slice of a residual (or of a tensor's rows) instead of
-  its own residual, and the parameters would come back reshaped.
-  """
-  found = jax.tree_util.tree_flatten_with_path(opt_state, is_leaf=lambda x: isinstance(x, core.WorkerLocal))[0]
-  for path, local in found:
-    if not isinstance(local, core.WorkerLocal):
-      continue
-    for sub, leaf in jax.tree_util.tree_flatten_with_path(local)[0]:
-      shape = tuple(jnp.shape(leaf))
-      if not shape or shape[0] != num_workers:
-        raise ValueError(
-            f"opt_state{jax.tree_util.keystr(path)}{jax.tree_util.keystr(sub)} has shape {shape}: a "
-            f"worker-local leaf needs a leading axis of {num_workers}, one row per worker (the state "
-            "straight from tx.init has none). Make the state with step.init(params), or "
-            f"jaxcomp.parallel.replicate_workers(tx.init(params), {num_workers}).")
 
 
 def _model_axes_auto(fn: Callable[..., Any], mesh: jax.sharding.Mesh, params: Any, opt_state: Any):

@@ -91,6 +91,14 @@ def test_devices_give_the_simulated_workers_numbers_compiled_once(sharded, vmap_
   assert params["w"].is_deleted() and not run[0]["w"].is_deleted()  # the step's own: updated in place
 
 
+def test_explicit_axes_give_the_auto_numbers(vmap_run):
+  tx = _tx()
+  mesh = jax.make_mesh((N,), ("workers",), axis_types=(jax.sharding.AxisType.Explicit,))
+  step = jaxcomp.data_parallel(_worker_step(tx), tx, mesh=mesh)
+  _assert_same(_three_steps(step, *step.init(PARAMS)), vmap_run)
+  assert step.compiles() == 1
+
+
 def test_several_workers_per_device_give_the_simulated_workers_numbers(vmap_run):
   """``workers=8`` on 4 devices: two simulated workers on each, ``vmap`` inside the ``shard_map``."""
   mesh = jax.make_mesh((4,), ("devices",), axis_types=(jax.sharding.AxisType.Auto,), devices=jax.devices()[:4])
