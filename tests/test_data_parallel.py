@@ -146,6 +146,9 @@ def test_a_batch_not_one_row_per_worker_is_refused(sharded):
   rows = jax.tree.map(lambda b: b.reshape((2 * N, -1) + b.shape[2:]), BATCH)
   with pytest.raises(ValueError, match=r"batch\[0\] has shape \(16, 2, 6\) for 8 workers.*must be 8"):
     step(params, state, rows)
+  simulated = jaxcomp.data_parallel(_worker_step(tx), tx, workers=N)
+  with pytest.raises(ValueError, match=r"batch\[0\] has shape \(16, 2, 6\) for 8 workers.*must be 8"):
+    simulated(*simulated.init(PARAMS), rows)
 
 
 def test_gradients_of_replicated_parameters_are_refused(mesh):
