@@ -66,6 +66,7 @@ lm: debian-packages $(STAMP)
 test-fast: $(STAMP)
 	$(PY) -m pytest tests/test_codecs_*.py tests/test_quantizers.py tests/test_transforms.py \
 	  tests/test_readme.py tests/test_repo_references.py tests/test_notebooks.py tests/test_first_day.py \
+	  tests/test_data_parallel.py tests/test_train_cli.py \
 	  -k "not layouts_agree and not dtypes_shapes and not nonfinite_policies and not tiny_scale and not blocks_run"
 
 ## Execute the notebooks at their default scale and commit them with their outputs.

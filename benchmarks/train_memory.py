@@ -110,8 +110,7 @@ def undonated_step(run: build.Run):
   """``run.train_step`` as ``build.build`` makes it, but without donation."""
   c = run.config
   return step_lib.make_train_step(c, run.model, optimizers.make_tx(c, step_lib.worker_axes(run.mesh)), run.mesh,
-                                  run.state.opt_state, run.spec.num_classes, run.state.batch_stats,
-                                  donate=False)
+                                  run.spec.num_classes, run.state.batch_stats, donate=False)
 
 
 def measure(name: str, config: ml_collections.ConfigDict) -> dict[str, Any]:

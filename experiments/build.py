@@ -126,8 +126,7 @@ def build(config: ml_collections.ConfigDict, workdir: str) -> Run:
     starts afresh (a resumed run reads its checkpoint instead)."""
     return state_lib.initial_state(config, tx, init_variables(), state)
 
-  train_step = step_lib.make_train_step(config, model, tx, mesh, state.opt_state, spec.num_classes,
-                               state.batch_stats)
+  train_step = step_lib.make_train_step(config, model, tx, mesh, spec.num_classes, state.batch_stats)
   eval_step = (lm.make_eval_step(model) if spec.modality == "text" else
                step_lib.make_eval_step(model, spec.num_classes, bool(jax.tree.leaves(state.batch_stats))))
   checkpointer = (state_lib.Checkpointer(os.path.join(workdir, "checkpoints"), config)

@@ -8,7 +8,10 @@ optax chain) quantizes them, moves the packed codes with ``lax.all_gather``
 over the axes ``("devices", "workers")`` and returns the average, so the
 parameters and the optimizer state stay identical on every worker ("parameter
 localization", TernGrad §3.1) and are stored once; only the compressors'
-worker-local state (error-feedback residuals) has a worker axis.
+worker-local state (error-feedback residuals) has a worker axis. The layout,
+the ``vmap`` inside the ``shard_map`` and their checks are
+:func:`jaxcomp.data_parallel`'s, as in a user's program; this module writes
+one worker's step (:func:`make_worker_step`) and what a run adds around it.
 """
 
 from __future__ import annotations
@@ -17,7 +20,6 @@ import functools
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import PartitionSpec as P
 import numpy as np
 import optax
 
@@ -110,24 +112,54 @@ NORMS = {
 }
 
 
-def make_train_step(config, model, tx, mesh, opt_state_template, num_classes, bn_template, *,
-                    donate: bool = True):
+def make_train_step(config, model, tx, mesh, num_classes, bn_template, *, donate: bool = True):
   """Returns a jitted ``step(state, images[N,b,...], labels[N,b], key) -> (state, metrics)``.
 
+  The data-parallel part is :func:`jaxcomp.data_parallel`'s, with
+  ``config.workers / devices`` workers on each device of ``mesh`` (see the
+  module docstring); around it, the EMA and the step's metrics.
   ``bn_template`` is the model's ``batch_stats`` (empty for models without
   batch norm). The step donates ``state``: the parameters, optimizer state
   and EMA it replaces are updated in place, not held twice; the caller must
   not use a state after passing it. ``donate=False`` gives the same step
   without donation (``benchmarks/train_memory.py`` compares the two).
   """
+  parallel_step = jaxcomp.data_parallel(make_worker_step(config, model, tx, mesh, num_classes, bn_template),
+                                        tx, mesh=mesh, workers=config.workers)
+  bn_bytes = jaxcomp.core.tree_nbytes(bn_template)
+
+  @functools.partial(jax.jit, donate_argnums=(0,) if donate else ())
+  def step(state: TrainState, images, labels, key):
+    keys = worker_keys(key, config.workers)
+    (params, batch_stats), opt_state, m = parallel_step.mapped(
+        (state.params, state.batch_stats), state.opt_state, (images, labels, keys))
+    ema = state.ema_params
+    if config.ema_decay > 0:
+      d = ema_decay_at(state.step, config.ema_decay)
+      ema = jax.tree.map(lambda e, p: d * e + (1.0 - d) * p, ema, params)
+    new_state = TrainState(state.step + 1, params, batch_stats, opt_state, ema)
+    metrics = {k: jnp.mean(v) for k, v in m.items()}
+    metrics.update(jaxcomp.metrics(opt_state))
+    metrics["bn_stats_bytes"] = jnp.float32(bn_bytes)
+    return new_state, metrics
+
+  return step
+
+
+def worker_keys(key, workers):
+  """Worker ``i``'s key of a step: ``fold_in(key, i)``, ``i`` numbered as :func:`jaxcomp.parallel.axis_index` numbers it."""
+  return jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(workers, dtype=jnp.int32))
+
+
+def make_worker_step(config, model, tx, mesh, num_classes, bn_template):
+  """One worker's step: ``((params, batch_stats), opt_state, (images, labels, key))`` to the same and its metrics."""
   has_bn = bool(jax.tree.leaves(bn_template))
   loss_fn = make_loss_fn(config, model, num_classes, has_bn)
-  axes = parallel.worker_axes(opt_state_template)
   every = worker_axes(mesh)
-  specs = parallel.worker_specs(opt_state_template, mesh.axis_names)
 
-  def worker(params, batch_stats, opt_state, images, labels, key):
-    key = jax.random.fold_in(key, parallel.axis_index(every))
+  def worker(replicated, opt_state, batch):
+    params, batch_stats = replicated
+    images, labels, key = batch
     # DiLoCo's workers differentiate at their own local parameters (jaxcomp.local_params);
     # under any other optimizer these are ``params``.
     grads, loss, logits, new_vars = loss_and_grad(config, loss_fn, jaxcomp.local_params(opt_state, params),
@@ -141,33 +173,9 @@ def make_train_step(config, model, tx, mesh, opt_state_template, num_classes, bn
       else:
         batch_stats = jax.tree.map(lambda a: a[0], parallel.all_gather(new_vars["batch_stats"], every))
     acc = jnp.mean(jnp.argmax(logits, -1) == labels)
-    return params, batch_stats, opt_state, {"loss": loss, "accuracy": acc, **extra}
+    return (params, batch_stats), opt_state, {"loss": loss, "accuracy": acc, **extra}
 
-  vworker = jax.vmap(worker, in_axes=(None, None, axes, 0, 0, None),
-                     out_axes=(None, None, axes, 0), axis_name="workers")
-  sharded = jax.shard_map(
-      vworker, mesh=mesh,
-      in_specs=(P(), P(), specs, P(mesh.axis_names), P(mesh.axis_names), P()),
-      out_specs=(P(), P(), specs, P(mesh.axis_names)),
-      check_vma=False,  # collectives over the inner vmap axis (see jaxcomp.parallel)
-  )
-  bn_bytes = jaxcomp.core.tree_nbytes(bn_template)
-
-  @functools.partial(jax.jit, donate_argnums=(0,) if donate else ())
-  def step(state: TrainState, images, labels, key):
-    params, batch_stats, opt_state, m = sharded(
-        state.params, state.batch_stats, state.opt_state, images, labels, key)
-    ema = state.ema_params
-    if config.ema_decay > 0:
-      d = ema_decay_at(state.step, config.ema_decay)
-      ema = jax.tree.map(lambda e, p: d * e + (1.0 - d) * p, ema, params)
-    new_state = TrainState(state.step + 1, params, batch_stats, opt_state, ema)
-    metrics = {k: jnp.mean(v) for k, v in m.items()}
-    metrics.update(jaxcomp.metrics(opt_state))
-    metrics["bn_stats_bytes"] = jnp.float32(bn_bytes)
-    return new_state, metrics
-
-  return step
+  return worker
 
 
 # ----------------------------------------------------------------------------

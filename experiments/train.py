@@ -2,6 +2,8 @@ r"""Data-parallel training with compressed gradient exchange.
 
 Usage::
 
+  python -m experiments.train list                                # the configs
+  python -m experiments.train list configs/terngrad_lenet.py      # a config's fields and defaults
   python -m experiments.train --config configs/terngrad_lenet.py --workdir /tmp/run
   python -m experiments.train --config configs/terngrad_lenet.py:runlocal --workdir /tmp/run \
       --config.workers=8 --config.num_train_steps=200 --config.compressor=none
@@ -39,8 +41,17 @@ resume; 1 an error.
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Optional
 
+from experiments import cli
+
+if __name__ == "__main__":
+  # --help, list and misspelt fields, before absl parses the flags and before the imports below
+  # (TensorFlow's, through the data pipeline) print their start-up lines: one line, exit code 2.
+  cli.main_or_exit(sys.argv)
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import app
 from absl import flags
 from absl import logging

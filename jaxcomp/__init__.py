@@ -9,7 +9,10 @@ quantizes each worker's gradients, moves the packed codes with
 ``lax.all_gather`` and returns the average; ``jaxcomp.metrics(opt_state)``
 reports the bytes that crossed the wire.
 
-The public API is ``__all__``: the transform and its metrics, the
+``jaxcomp.data_parallel(worker_step, tx, mesh=...)`` turns one worker's
+step into the jitted step over every worker, its state laid out.
+
+The public API is ``__all__``: the entry point, the transform and its metrics, the
 compressors (a factory and a class each), the registry configs pick them
 from, and the modules ``core`` (the compressor protocol), ``parallel``
 (collectives, laying states over workers), ``flax_nnx`` (laying an
@@ -48,6 +51,7 @@ from jaxcomp.compressors.half import Half, half
 from jaxcomp.compressors.randomk import RandomK, randomk
 from jaxcomp.compressors.natural import Natural, natural
 from jaxcomp.count import Count
+from jaxcomp.data_parallel import DataParallel, data_parallel
 from jaxcomp.metrics import metrics
 from jaxcomp.sharded import PerShardState, per_shard
 from jaxcomp.transforms import CompressState, compress, path_str, skip_by_path
@@ -56,6 +60,9 @@ from jaxcomp.wrappers import ApplyIfFiniteState, apply_if_finite, multi_steps
 __version__ = "0.1.0"
 
 __all__ = [
+    # the entry point: a per-worker step in, the compiled data-parallel step out
+    "data_parallel",
+    "DataParallel",
     # the transform, and reading its metrics
     "compress",
     "CompressState",

@@ -16,7 +16,7 @@ The three functions here say which is which, as
 
 and a train step that calls ``optimizer.update`` inside
 ``nnx.vmap(..., in_axes=(None, opt_axes, 0), axis_name="workers")`` (the
-README's "Flax NNX" has the whole program). :func:`jaxcomp.metrics` reads
+docs/nnx.md has the whole program). :func:`jaxcomp.metrics` reads
 ``optimizer.opt_state`` as it is.
 """
 

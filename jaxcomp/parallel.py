@@ -632,6 +632,27 @@ def expand_workers(state: Any) -> Any:
   return _map_local(lambda a: a[None], state)
 
 
+def check_state(state: Any, num_workers: int) -> Any:
+  """``state`` unchanged, once every worker-local leaf's leading axis is checked to be ``num_workers``.
+
+  A state straight from ``tx.init`` has no worker axis: split over the
+  devices as it is, each device would get a slice of one residual (or of a
+  tensor's rows) instead of its own, and the parameters would come back
+  reshaped. This raises a ValueError naming the leaf and the fix instead.
+  """
+  found = jax.tree_util.tree_flatten_with_path(state, is_leaf=_is_local)[0]
+  for path, local in found:
+    for sub, leaf in (jax.tree_util.tree_flatten_with_path(local)[0] if _is_local(local) else ()):
+      shape = tuple(jnp.shape(leaf))
+      if not shape or shape[0] != num_workers:
+        raise ValueError(
+            f"opt_state{jax.tree_util.keystr(path)}{jax.tree_util.keystr(sub)} has shape {shape}: a "
+            f"worker-local leaf needs a leading axis of {num_workers}, one row per worker (the state "
+            "straight from tx.init has none). Make the state with step.init(params) (jaxcomp."
+            f"data_parallel), or jaxcomp.parallel.replicate_workers(tx.init(params), {num_workers}).")
+  return state
+
+
 # -- batches laid over workers ----------------------------------------------
 
 

@@ -19,7 +19,7 @@
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/jaxcomp/jaxcomp/blob/main/notebooks/01_quickstart.ipynb)
 #
 # This notebook puts TernGrad (Wen et al., NeurIPS 2017) into an optax chain, simulates 8
-# data-parallel workers with `jax.vmap`, looks at what crosses the wire (packed 2-bit codes
+# data-parallel workers with `jaxcomp.data_parallel` (`jax.vmap` underneath), looks at what crosses the wire (packed 2-bit codes
 # through `lax.all_gather`), and trains a small network on real handwritten digits, with
 # float32 gradients and with TernGrad side by side.
 #
@@ -50,7 +50,7 @@ import numpy as np
 import optax
 
 import jaxcomp
-from jaxcomp import data, parallel
+from jaxcomp import data
 
 STEPS = int(os.environ.get("JAXCOMP_NOTEBOOK_STEPS", "1000"))
 WORKERS = 8
@@ -124,32 +124,29 @@ print("decoded values:", np.unique(np.round(np.asarray(decoded) / float(payload.
       float(payload.scale))
 
 # %% [markdown]
-# Now 8 simulated workers: `vmap` with an axis name. Parameters and the optimizer state are
-# the same on every worker (`in_axes=None`); only the compressor's per-worker state gets a
-# worker axis. Declaring the updated parameters unmapped (`out_axes=None`) makes JAX check
-# that every worker computed the same update.
+# Now 8 simulated workers. We write the step of one worker, as for plain optax;
+# `jaxcomp.data_parallel` turns it into the jitted step over all of them (`vmap` with the axis
+# name `"workers"`). Parameters and the optimizer state are the same on every worker; only the
+# compressor's per-worker state gets a worker axis (`step.init` lays it out). The parameters
+# come back once, so JAX checks that every worker computed the same update; the loss comes
+# back per worker. The batch has one row per worker.
 
 # %%
 def make_step(tx):
-  def worker_step(params, opt_state, x, y):
-    loss, g = jax.value_and_grad(loss_fn)(params, x, y)
+  def worker_step(params, opt_state, batch):
+    loss, g = jax.value_and_grad(loss_fn)(params, *batch)
     updates, opt_state = tx.update(g, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, loss
 
-  def step(params, opt_state, x, y):
-    axes = parallel.worker_axes(opt_state)
-    return jax.vmap(worker_step, in_axes=(None, axes, 0, 0), out_axes=(None, axes, 0),
-                    axis_name="workers")(params, opt_state, x, y)
-
-  return jax.jit(step)
+  return jaxcomp.data_parallel(worker_step, tx, workers=WORKERS)
 
 
-opt_state = parallel.replicate_workers(tx.init(params), WORKERS)
 step = make_step(tx)
+params1, opt_state = step.init(params)  # a copy of params, and the state laid out over the workers
 batch = 64  # total over the 8 workers: 8 examples each
 xb = x_train[:batch].reshape(WORKERS, batch // WORKERS, -1)
 yb = y_train[:batch].reshape(WORKERS, batch // WORKERS)
-params1, opt_state1, losses = step(params, opt_state, xb, yb)
+params1, opt_state1, losses = step(params1, opt_state, (xb, yb))
 print("per-worker losses:", np.round(np.asarray(losses), 3))
 m = jaxcomp.metrics(opt_state1)
 print({k: float(v) for k, v in m.items() if k in ("bytes_on_wire", "float32_bytes", "compression_ratio")})
@@ -162,16 +159,15 @@ print({k: float(v) for k, v in m.items() if k in ("bytes_on_wire", "float32_byte
 # %%
 def train(compressed: bool, steps: int = STEPS, seed: int = 0):
   tx = make_tx(compressed)
-  params = init_mlp(jax.random.PRNGKey(seed))
-  opt_state = parallel.replicate_workers(tx.init(params), WORKERS)
   step = make_step(tx)
+  params, opt_state = step.init(init_mlp(jax.random.PRNGKey(seed)))
   rng = np.random.default_rng(seed)
   curve = []
   for t in range(steps):
     idx = rng.choice(len(x_train), batch, replace=False)
     xb = x_train[idx].reshape(WORKERS, batch // WORKERS, -1)
     yb = y_train[idx].reshape(WORKERS, batch // WORKERS)
-    params, opt_state, losses = step(params, opt_state, xb, yb)
+    params, opt_state, losses = step(params, opt_state, (xb, yb))
     curve.append(float(losses.mean()))
   acc = float((apply_mlp(params, x_test).argmax(-1) == y_test).mean())
   return curve, acc, jaxcomp.metrics(opt_state)

@@ -43,6 +43,16 @@ def test_a_batch_must_have_one_row_per_worker():
     jax.jit(per_device)({"x": x.reshape(16, 3)})
 
 
+def test_a_state_must_have_its_worker_axis():
+  tx = jaxcomp.int8(axis_name="w")
+  with pytest.raises(ValueError, match=r"residual\['b'\] has shape \(5,\).*leading axis of 4.*replicate_workers"):
+    parallel.check_state(tx.init(PARAMS), 4)
+  laid = parallel.replicate_workers(tx.init(PARAMS), 4)
+  assert parallel.check_state(laid, 4) is laid
+  with pytest.raises(ValueError, match=r"has shape \(4, 5\).*leading axis of 8"):
+    parallel.check_state(laid, 8)
+
+
 def test_a_non_float_leaf_is_named_and_can_be_skipped():
   grads = {"w": jnp.linspace(-1.0, 1.0, 30), "step": jnp.int32(7)}
   with pytest.raises(TypeError, match=r"dtype int32 at 'step'.*skip"):

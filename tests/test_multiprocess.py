@@ -7,6 +7,7 @@ import jax
 import numpy as np
 import pytest
 
+import jaxcomp
 from jaxcomp import parallel
 
 from _processes import HERE, run_workers
@@ -14,11 +15,15 @@ from _processes import HERE, run_workers
 N = 2
 
 
-def _cases():
+def _cases_module():
   spec = importlib.util.spec_from_file_location("cases", os.path.join(HERE, "multiprocess", "cases.py"))
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
-  return module.CASES
+  return module
+
+
+def _cases():
+  return _cases_module().CASES
 
 
 # The steps whose update is not zero. "wrappers": jaxcomp.multi_steps(k=2) inside
@@ -50,3 +55,19 @@ def test_two_processes_match_vmap(tmp_path, case, moving):
       if np.any(upd[name]):
         moved.add(t)
   assert moved == moving
+
+
+def test_data_parallel_over_two_processes_matches_vmap(tmp_path):
+  """``jaxcomp.data_parallel`` on a mesh of two processes: its init, placement and step give vmap's numbers."""
+  outs = run_workers("data_parallel_worker.py", N, tmp_path)
+  make_tx, worker_step, params, batch, steps = _cases_module().DATA_PARALLEL(N)
+  tx = make_tx("w")
+  step = jaxcomp.data_parallel(worker_step(tx, "w"), tx, workers=N, axis_name="w")
+  params, state = step.init(params)
+  for _ in range(steps):
+    params, state = step(params, state, batch)
+  for i, out in enumerate(outs):
+    assert int(out["compiles"]) == 1
+    for k in ("w", "b"):
+      np.testing.assert_allclose(out[f"param_{k}"], np.asarray(params[k]), atol=1e-6, rtol=0)
+    np.testing.assert_allclose(out["residual_w"][0], np.asarray(state[0].local.residual["w"][i]), atol=1e-6, rtol=0)

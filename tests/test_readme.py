@@ -1,8 +1,10 @@
-"""README.md does what it says: its code runs, and what it names exists and behaves so.
+"""README.md and the docs pages do what they say: their code runs, and what they name exists and behaves so.
 
-The Python blocks run in order, as one program in a fresh interpreter from the
-repository root (what a user who copies them gets); the blocks use tiny sizes
-already, so nothing is substituted. The metrics, options, compressor names and
+The README's Python blocks run in order, as one program in a fresh interpreter
+(what a user who copies them gets); each docs page's blocks run after the
+README's first program, which they build on. The blocks use tiny sizes
+already, so nothing is substituted (the model-sharded recipe also runs with
+its mesh's axes made Explicit). The metrics, options, compressor names and
 make targets the README names are checked against the library and the Makefile.
 """
 
@@ -23,17 +25,11 @@ from jaxcomp import codecs
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
+OPTIONS = (ROOT / "docs" / "options.md").read_text()  # the compressors, their options and metrics
 
 
 def _blocks(lang, text=README):
   return re.findall(rf"^```{lang}\n(.*?)^```", text, flags=re.S | re.M)
-
-
-def _section(title):
-  """The text of the README section ``## title`` (up to the next ``## ``)."""
-  m = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", README, flags=re.S | re.M)
-  assert m, f"README has no section {title!r}"
-  return m.group(1)
 
 
 def _run(blocks, tmp_path):
@@ -48,71 +44,11 @@ def _run(blocks, tmp_path):
   return out
 
 
-def test_readme_python_blocks_run_as_one_program(tmp_path):
-  blocks = _blocks("python")
-  assert len(blocks) >= 2, "the Use example and the shard_map example"
-  # The shard_map example's step compiles once: its inputs start as its outputs are laid out.
-  i = next(i for i, b in enumerate(blocks) if "over {mesh.size} devices" in b)
-  blocks[i] += '\nprint(f"shard_map step compiled {step._cache_size()} time(s)")'
-  j = next(i for i, b in enumerate(blocks) if "jaxcomp.per_shard(" in b)
-  blocks[j] += '\nprint(f"model-sharded step compiled {m_step._cache_size()} time(s)")'
-  out = _run(blocks, tmp_path)
-  assert "shard_map step compiled 1 time(s)" in out.stdout, out.stdout
-  assert "model-sharded step compiled 1 time(s)" in out.stdout, out.stdout
-  lines = [l for l in out.stdout.strip().splitlines() if " step compiled " not in l]
-  # The model-sharded block: it learns, and a device's counts are its shards': the column-split
-  # kernel's half (64 x 16), the row-split one's (16 x 10), the two replicated biases whole.
-  m = re.search(r"model-sharded: loss ([\d.]+), (\d+) bytes per device over 'data' for its shards' (\d+) "
-                r"float32 bytes \(kernel P\(None, 'model'\)\)", out.stdout)
-  assert m and float(m[1]) < 0.5 * np.log(10), out.stdout
-  assert int(m[3]) == 4 * (64 * 16 + 32 + 16 * 10 + 10) and 10 < int(m[3]) / int(m[2]) < 16, out.stdout
-  # The vmap example: the toy task is learnt and the wire is about 16x smaller (2-bit codes).
-  m = re.match(r"loss ([\d.]+), (\d+) bytes on the wire instead of (\d+) \(([\d.]+)x\)", lines[0])
-  assert m, out.stdout
-  loss, wire, f32, ratio = float(m[1]), int(m[2]), int(m[3]), float(m[4])
-  assert loss < 0.5 * np.log(10)  # well below chance (log 10)
-  assert f32 == 4 * (64 * 10 + 10) and 10 < ratio < 16 and abs(f32 / wire - ratio) < 0.1
-  # The shard_map example, over the 8 devices: the same wire format, so the same ratio.
-  m = re.match(r"([\d.]+)x over (\d+) devices", lines[1])
-  assert m and int(m[2]) == 8 and float(m[1]) == pytest.approx(ratio, abs=0.05), out.stdout
-  # DiLoCo with H = 4: the float32 pseudo-gradient on the 4th and 8th steps, nothing between.
-  m = re.search(r"diloco: bytes on the wire per step \[([\d, ]+)\]", out.stdout)
-  assert m and [int(v) for v in m[1].split(",")] == [0, 0, 0, f32] * 2, out.stdout
-  # Top-k's fraction on a schedule: 128 then 32 of 256 entries sent, in a payload of 128 slots.
-  m = re.search(r"topk schedule: encoded bytes \[([\d, ]+)\], bytes on the wire \[([\d, ]+)\]", out.stdout)
-  assert m, out.stdout
-  assert [int(v) for v in m[1].split(",")] == [8 * 128] * 2 + [8 * 32] * 2, out.stdout
-  assert [int(v) for v in m[2].split(",")] == [8 * 128] * 4, out.stdout
-
-
-def test_readme_nnx_and_wrapper_blocks_run(tmp_path):
-  # The first Use block (which they build on), then the blocks of these subsections only.
-  use = _section("Use")
-  blocks = _blocks("python", use)[:1] + _blocks("python", use.split("### Flax NNX\n", 1)[1])
-  assert len(blocks) == 4, "the Use example, NNX under vmap and shard_map, multi_steps"
-  # blocks[2] is NNX under shard_map: its step compiles once (its inputs laid out as its outputs).
-  blocks[2] += '\nprint(f"nnx shard_map step compiled {step._cache_size()} time(s)")'
-  out = _run(blocks, tmp_path)
-  assert "nnx shard_map step compiled 1 time(s)" in out.stdout, out.stdout
-  lines = [l for l in out.stdout.strip().splitlines() if " step compiled " not in l][1:]  # after the Use example's
-  # nnx.Optimizer under nnx.vmap learns the toy task (chance is log 10), with 2-bit codes ...
-  m = re.fullmatch(r"nnx vmap: loss ([\d.]+), ([\d.]+)x", lines[0])
-  assert m and float(m[1]) < 0.5 * np.log(10) and 10 < float(m[2]) < 16, out.stdout
-  # ... and shard_map over 8 devices gives the same parameters: within 1e-7 for the first 60 steps;
-  # later a rounding difference can flip one of TernGrad's random draws (a change of about 1e-3).
-  # Gradients summed over devices instead of per worker would be off by about 1.
-  m = re.search(r"nnx shard_map: largest difference from vmap ([\d.e+-]+)", lines[1])
-  assert m and float(m[1]) < 1e-2, out.stdout
-  # multi_steps(tx, 4): bytes on the 4th and 8th steps only, the same both times.
-  m = re.fullmatch(r"multi_steps: bytes on the wire per step \[([\d, ]+)\]", lines[2])
-  wire = [int(v) for v in m[1].split(",")] if m else None
-  assert wire and wire[3] == wire[7] > 0 and wire[:3] == wire[4:7] == [0, 0, 0], out.stdout
-
-
 _COMPARE_LAYOUTS = """
 import json
+import re
 import numpy as np
-vmap_params = params_after_vmap
+print(f"shard_map step compiled {step.compiles()} time(s)")
 compiled = step.lower(params, opt_state, device_batches).compile().as_text()
 float_reduced = 0  # elements of float arrays all-reduced by the shard_map step
 for line in compiled.splitlines():
@@ -125,21 +61,128 @@ print(json.dumps({"max_param_diff": diff, "float_allreduced_elements": float_red
 """
 
 
-def test_readme_vmap_and_shard_map_blocks_agree(tmp_path):
-  """The two blocks train the same model: same parameters, and no float all-reduce of the gradient.
+@pytest.fixture(scope="module")
+def readme_run(tmp_path_factory):
+  """The README's two programs, run as one, then the shard_map step compared with the vmap one."""
+  vmap_block, shard_block = _blocks("python")
+  return _run([vmap_block, "vmap_params = params", shard_block, _COMPARE_LAYOUTS],
+              tmp_path_factory.mktemp("readme")).stdout
+
+
+def test_readme_python_blocks_run_as_one_program(readme_run):
+  lines = readme_run.strip().splitlines()
+  # The vmap program: the toy task is learnt and the wire is about 16x smaller (2-bit codes).
+  m = re.match(r"loss ([\d.]+), (\d+) bytes on the wire instead of (\d+) \(([\d.]+)x\)", lines[0])
+  assert m, readme_run
+  loss, wire, f32, ratio = float(m[1]), int(m[2]), int(m[3]), float(m[4])
+  assert loss < 0.5 * np.log(10)  # well below chance (log 10)
+  assert f32 == 4 * (64 * 10 + 10) and 10 < ratio < 16 and abs(f32 / wire - ratio) < 0.1
+  # The shard_map program, over the 8 devices: the same wire format, so the same ratio; one compile.
+  m = re.match(r"([\d.]+)x over (\d+) devices", lines[1])
+  assert m and int(m[2]) == 8 and float(m[1]) == pytest.approx(ratio, abs=0.05), readme_run
+  assert "shard_map step compiled 1 time(s)" in readme_run
+
+
+def test_readme_programs_use_three_jaxcomp_calls_beyond_the_compressor_and_metrics():
+  for block in _blocks("python"):
+    calls = set(re.findall(r"\bjaxcomp\.([\w.]+)\(", block)) | set(re.findall(r"\b(step\.init)\(", block))
+    assert calls - {"terngrad", "metrics"} <= {"data_parallel", "step.init", "parallel.vary"}, calls
+
+
+def test_readme_vmap_and_shard_map_blocks_agree(readme_run):
+  """The two programs train the same model: same parameters, and no float all-reduce of the gradient.
 
   Under shard_map's default check_vma=True, jax.grad of replicated parameters
   sums the gradient over the devices in float32; the README's step must not
   (its parameters would then move by the 8-worker sum, and the wire would
   carry float gradients beside the compressed ones).
   """
-  vmap_block, shard_block = _blocks("python")[:2]
-  out = _run(["import re", vmap_block, "params_after_vmap = params", shard_block, _COMPARE_LAYOUTS], tmp_path)
   import json  # pylint: disable=g-import-not-at-top
-  result = json.loads(out.stdout.strip().splitlines()[-1])
+  result = json.loads(readme_run.strip().splitlines()[-1])
   assert result["max_param_diff"] < 1e-5, result
   # What may be all-reduced in float: TernGrad's agreed scale, one scalar per tensor (2 here).
   assert result["float_allreduced_elements"] <= 2, result
+
+
+def _run_page(name, tmp_path, extra=()):
+  """The README's first program, then the Python blocks of ``docs/name`` (and ``extra``), as one program."""
+  page = (ROOT / "docs" / name).read_text()
+  return _run(_blocks("python")[:1] + _blocks("python", page) + list(extra), tmp_path).stdout
+
+
+def test_meshes_page_blocks_run_on_auto_and_explicit_axes(tmp_path):
+  """Hosts, the model-sharded recipe as written on Auto axes and again on Explicit ones, and the step by hand."""
+  page = (ROOT / "docs" / "meshes.md").read_text()
+  sharded = next(b for b in _blocks("python", page) if "jaxcomp.per_shard(" in b)
+  explicit = sharded.replace("AxisType.Auto", "AxisType.Explicit")
+  assert explicit != sharded
+  count = 'print(f"model-sharded step compiled {m_step.compiles()} time(s)")'
+  out = _run_page("meshes.md", tmp_path, [count, explicit, count])
+  assert re.search(r"per device: \d+ bytes between hosts, \d+ within", out), out
+  assert out.count("model-sharded step compiled 1 time(s)") == 2, out
+  # Auto and Explicit: it learns, and a device's counts are its shards': the column-split kernel's
+  # half (64 x 16), the row-split one's (16 x 10), the two replicated biases whole.
+  runs = re.findall(r"model-sharded: loss ([\d.]+), (\d+) bytes per device over 'data' for its shards' (\d+) "
+                    r"float32 bytes \(kernel P\(None, 'model'\)\)", out)
+  assert len(runs) == 2, out
+  for loss, wire, f32 in runs:
+    assert float(loss) < 0.5 * np.log(10), out
+    assert int(f32) == 4 * (64 * 16 + 32 + 16 * 10 + 10) and 10 < int(f32) / int(wire) < 16, out
+  assert runs[0] == runs[1], "Explicit axes must give the Auto numbers"
+  m = re.search(r"8 workers on 4 devices: loss ([\d.]+)", out)
+  assert m and float(m[1]) < 0.5 * np.log(10), out
+  m = re.search(r"by hand: ([\d.]+)x over 8 devices", out)
+  assert m and 10 < float(m[1]) < 16, out
+
+
+def test_nnx_page_blocks_run(tmp_path):
+  lines = _run_page("nnx.md", tmp_path).strip().splitlines()[1:]  # after the README program's
+  # nnx.Optimizer under nnx.vmap learns the toy task (chance is log 10), with 2-bit codes ...
+  m = re.fullmatch(r"nnx vmap: loss ([\d.]+), ([\d.]+)x", lines[0])
+  assert m and float(m[1]) < 0.5 * np.log(10) and 10 < float(m[2]) < 16, lines
+  # ... and shard_map over 8 devices gives the same parameters: within 1e-7 for the first 60 steps;
+  # later a rounding difference can flip one of TernGrad's random draws (a change of about 1e-3).
+  # Gradients summed over devices instead of per worker would be off by about 1.
+  m = re.search(r"nnx shard_map: largest difference from vmap ([\d.e+-]+)", lines[1])
+  assert m and float(m[1]) < 1e-2, lines
+
+
+def test_wrappers_page_blocks_run(tmp_path):
+  out = _run_page("wrappers.md", tmp_path)
+  # multi_steps(tx, 4): bytes on the 4th and 8th steps only, the same both times.
+  m = re.search(r"multi_steps: bytes on the wire per step \[([\d, ]+)\]", out)
+  wire = [int(v) for v in m[1].split(",")] if m else None
+  assert wire and wire[3] == wire[7] > 0 and wire[:3] == wire[4:7] == [0, 0, 0], out
+
+
+def test_language_models_and_schedules_blocks_run(tmp_path):
+  page = lambda name: (ROOT / "docs" / name).read_text()
+  out = _run(_blocks("python")[:1] + _blocks("python", page("language_models.md"))
+             + _blocks("python", page("schedules.md")), tmp_path).stdout
+  f32 = 4 * (64 * 10 + 10)
+  # DiLoCo with H = 4: the float32 pseudo-gradient on the 4th and 8th steps, nothing between.
+  m = re.search(r"diloco: bytes on the wire per step \[([\d, ]+)\]", out)
+  assert m and [int(v) for v in m[1].split(",")] == [0, 0, 0, f32] * 2, out
+  # Top-k's fraction on a schedule: 128 then 32 of 256 entries sent, in a payload of 128 slots.
+  m = re.search(r"topk schedule: encoded bytes \[([\d, ]+)\], bytes on the wire \[([\d, ]+)\]", out)
+  assert m, out
+  assert [int(v) for v in m[1].split(",")] == [8 * 128] * 2 + [8 * 32] * 2, out
+  assert [int(v) for v in m[2].split(",")] == [8 * 128] * 4, out
+
+
+# Every page whose Python blocks a test runs: these tests, and compressors.md's (test_custom_compressor).
+RUN_PAGES = {"meshes.md", "nnx.md", "wrappers.md", "language_models.md", "schedules.md", "compressors.md"}
+
+
+def test_every_docs_page_with_code_is_run():
+  with_code = {p.name for p in (ROOT / "docs").glob("*.md") if _blocks("python", p.read_text())}
+  assert with_code == RUN_PAGES
+
+
+def test_readme_is_a_quick_path():
+  assert len(README.splitlines()) <= 400
+  linked = set(re.findall(r"\]\(docs/([\w.]+\.md)\)", README))
+  assert RUN_PAGES | {"options.md", "multiprocess.md", "experiments.md"} <= linked
 
 
 def test_grads_of_replicated_params_under_checked_shard_map_are_refused():
@@ -179,7 +222,7 @@ def test_grads_of_replicated_params_under_checked_shard_map_are_refused():
 
 
 def test_readme_compressor_list_is_the_registry():
-  text = _section("Compressors and what they report")
+  text = OPTIONS
   listed = text.split("`error_feedback`):", 1)[1].split("The table in", 1)[0]
   named = set(re.findall(r"`([a-z_0-9]+)`", listed)) - {"opt", "pmean"}
   assert named == set(jaxcomp.names())
@@ -187,7 +230,7 @@ def test_readme_compressor_list_is_the_registry():
 
 @pytest.mark.parametrize("name", [n for n in jaxcomp.names() if n not in jaxcomp.compressors.WRAPPERS])
 def test_every_compressor_takes_the_options_the_readme_names(name):
-  text = _section("Compressors and what they report")
+  text = OPTIONS
   options = re.search(r"each takes (.*?)\)", text, flags=re.S).group(1)
   options = re.findall(r"`([a-z_]+)`", options)
   assert options == ["axis_name", "skip", "min_size", "seed", "nonfinite", "error_feedback"]
@@ -231,7 +274,7 @@ def _metrics_after_one_step(factory, grads, workers=2, **kwargs):
 
 
 def test_the_metrics_the_readme_names_exist_and_mean_what_it_says():
-  text = _section("Compressors and what they report")
+  text = OPTIONS
   named = set(re.findall(r"^\* `([a-z_0-9]+)`:", text, flags=re.M))
   assert named == {"bytes_on_wire", "float32_bytes", "compression_ratio", "encoded_bytes"}
   g = {"w": jax.random.normal(jax.random.PRNGKey(0), (1000,)), "b": jnp.ones(10)}
@@ -250,7 +293,7 @@ def test_the_metrics_the_readme_names_exist_and_mean_what_it_says():
 
 
 def test_encoded_bytes_is_the_variable_length_size_where_the_readme_says():
-  text = _section("Compressors and what they report")
+  text = OPTIONS
   assert "`threelc`" in text and "`threshold`" in text and "`adaptive`" in text
   x = jnp.where(jnp.arange(4000) % 50 == 0, 1.0, 1e-4) * jnp.where(jnp.sin(jnp.arange(4000.0)) < 0, -1.0, 1.0)
   g = {"w": x}
@@ -273,11 +316,12 @@ def test_every_make_target_the_docs_name_exists():
   defined = set(re.findall(r"^([a-z][a-z0-9_-]*):", makefile, flags=re.M))
   phony = set(re.search(r"^\.PHONY:(.*)$", makefile, flags=re.M).group(1).split())
   assert phony <= defined, f"listed in .PHONY but not defined: {phony - defined}"
-  named = set(re.findall(r"`make ([a-z][a-z0-9_-]*)`", README))
-  for block in _blocks("bash"):
+  docs = README + "".join(p.read_text() for p in sorted((ROOT / "docs").glob("*.md")))
+  named = set(re.findall(r"`make ([a-z][a-z0-9_-]*)`", docs))
+  for block in _blocks("bash", docs):
     named |= set(re.findall(r"^make ([a-z][a-z0-9_-]*)", block, flags=re.M))
   assert {"quickstart", "test"} <= named
-  assert named <= defined, f"named in README.md but not in the Makefile: {named - defined}"
+  assert named <= defined, f"named in README.md or docs/ but not in the Makefile: {named - defined}"
 
 
 def test_quick_start_is_two_commands():
@@ -296,7 +340,7 @@ def _compressor_class(name):
 
 
 def test_the_common_options_do_what_the_readme_says():
-  text = _section("Compressors and what they report")
+  text = OPTIONS
   listed = re.search(r"on by\s+default for the biased compressors: (.*?)\)", text, flags=re.S).group(1)
   with_ef = {n for n in jaxcomp.names() if n != "none" and n not in jaxcomp.compressors.WRAPPERS
              and _compressor_class(n).error_feedback}

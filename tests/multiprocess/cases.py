@@ -49,3 +49,19 @@ ALSO = {
         "terngrad_bucketed_": lambda axis: jaxcomp.terngrad(axis_name=axis, bucket_bytes=64),
     },
 }
+
+
+def DATA_PARALLEL(num_workers):  # pylint: disable=invalid-name
+  """``jaxcomp.data_parallel``'s case: (make_tx(axis), worker_step(tx, axis), params, batch, steps)."""
+  x = jax.random.normal(jax.random.PRNGKey(7), (num_workers, 4, 6))
+  batch = (x, jnp.argmax(x[..., :3], axis=-1))
+
+  def worker_step(tx, axis):
+    def step(params, opt_state, batch):
+      loss = lambda p: optax.softmax_cross_entropy_with_integer_labels(batch[0] @ p["w"] + p["b"], batch[1]).mean()
+      updates, opt_state = tx.update(jax.grad(loss)(jaxcomp.parallel.vary(params, axis)), opt_state, params)
+      return optax.apply_updates(params, updates), opt_state
+    return step
+
+  make_tx = lambda axis: optax.chain(jaxcomp.int8(axis_name=axis), optax.sgd(0.5, momentum=0.9))
+  return make_tx, worker_step, {"w": jnp.zeros((6, 3)), "b": jnp.zeros(3)}, batch, 3

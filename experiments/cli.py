@@ -1,0 +1,161 @@
+r"""The command line of ``experiments.train``: list the configs and their fields, reject unknown ones.
+
+What ``git``, ``pip`` and ``argparse`` users expect, before anything is built::
+
+  python -m experiments.train --help                                   # usage, every config
+  python -m experiments.train list                                     # the configs
+  python -m experiments.train list configs/terngrad_lenet.py:runlocal  # its fields, with defaults
+  python -m experiments.train --config configs/terngrad_lenet.py --config.num_trian_steps=20 ...
+  # error: --config.num_trian_steps: configs/terngrad_lenet.py has no field 'num_trian_steps';
+  #   the closest is 'num_train_steps' (python -m experiments.train list configs/terngrad_lenet.py)
+
+An override naming no field is one line on stderr and exit code 2 (a usage
+error, as argparse exits), not ml_collections' chained traceback whose hint
+sits escaped inside a repr. The config is loaded the way
+``ml_collections.config_flags`` loads it (``path[:arg]``, ``get_config(arg)``).
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import importlib.util
+import pathlib
+import re
+import sys
+from typing import Any, Optional, Sequence
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "configs"
+USAGE_ERROR = 2  # argparse's and the shells' exit code for a usage error
+
+USAGE = """\
+usage: python -m experiments.train --config CONFIG[:ARG] --workdir DIR [--config.FIELD=VALUE ...]
+       python -m experiments.train list [CONFIG[:ARG]]
+
+Trains a config (one file per paper experiment under configs/) and writes metrics.csv,
+summary.json and checkpoints into DIR. `list` shows the configs; `list CONFIG` its fields
+with their defaults, each of which --config.FIELD=VALUE overrides.
+"""
+
+
+class UsageError(Exception):
+  """A command line that names something that does not exist: one line, exit code 2."""
+
+
+def configs() -> dict[str, str]:
+  """Every config file under ``configs/`` (those with a ``get_config``) -> its docstring's first line."""
+  found = {}
+  for path in sorted(CONFIGS.glob("*.py")):
+    tree = ast.parse(path.read_text())
+    if any(isinstance(n, ast.FunctionDef) and n.name == "get_config" for n in tree.body):
+      doc = ast.get_docstring(tree) or ""
+      found[f"configs/{path.name}"] = doc.strip().splitlines()[0] if doc.strip() else ""
+  return found
+
+
+def load_config(spec: str) -> Any:
+  """The ConfigDict of ``spec`` (``path`` or ``path:arg``), as ``config_flags.DEFINE_config_file`` loads it."""
+  path, _, arg = spec.partition(":")
+  file = pathlib.Path(path)
+  if not file.is_file():
+    close = difflib.get_close_matches(path, list(configs()), n=1)
+    hint = f"; the closest is {close[0]!r}" if close else ""
+    raise UsageError(f"--config {spec}: no file {path!r}{hint} (python -m experiments.train list)")
+  module_spec = importlib.util.spec_from_file_location(f"_config_{file.stem}", file)
+  module = importlib.util.module_from_spec(module_spec)
+  if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # configs import configs.common
+  module_spec.loader.exec_module(module)
+  try:
+    return module.get_config(arg) if arg else module.get_config()
+  except ValueError as e:  # an unknown config argument (configs.common.parse_arg)
+    raise UsageError(f"--config {spec}: {e}") from None
+
+
+def fields(config: Any, prefix: str = "") -> dict[str, Any]:
+  """Every field of ``config`` by its dotted name (nested ConfigDicts flattened), with its value."""
+  out = {}
+  for key, value in config.items():
+    if hasattr(value, "items") and value.items():
+      out.update(fields(value, f"{prefix}{key}."))
+    else:
+      out[f"{prefix}{key}"] = value
+  return out
+
+
+def comments() -> dict[str, str]:
+  """What ``configs/common.py`` says of each field of the base config (its end-of-line comment)."""
+  text = (CONFIGS / "common.py").read_text()
+  return dict(re.findall(r"^\s+c\.(\w+) = [^#\n]*#\s*(.+)$", text, flags=re.M))
+
+
+def check_overrides(config: Any, spec: str, argv: Sequence[str]) -> None:
+  """Raises UsageError naming the first ``--config.FIELD=...`` whose FIELD ``config`` does not have."""
+  known = fields(config)
+  parents = {name.rsplit(".", 1)[0] for name in known if "." in name}
+  for arg in argv:
+    m = re.match(r"--config\.([\w.]+)", arg)
+    if not m or m[1] in known or m[1] in parents:
+      continue
+    close = difflib.get_close_matches(m[1], list(known), n=1)
+    hint = f"; the closest is {close[0]!r}" if close else ""
+    raise UsageError(f"--config.{m[1]}: {spec.partition(':')[0]} has no field {m[1]!r}{hint} "
+                     f"(python -m experiments.train list {spec})")
+
+
+def describe(spec: Optional[str]) -> str:
+  """``list``: the configs, or the fields of ``spec`` with their defaults."""
+  if spec is None:
+    rows = configs()
+    width = max(map(len, rows))
+    return "configs (python -m experiments.train list CONFIG shows one's fields):\n" + "\n".join(
+        f"  {name:<{width}}  {doc}" for name, doc in rows.items())
+  config, notes = load_config(spec), comments()
+  rows = {name: repr(value) for name, value in fields(config).items()}
+  width = max(map(len, rows))
+  lines = [f"{spec}: fields and their values (override with --config.FIELD=VALUE)"]
+  for name, value in rows.items():
+    note = notes.get(name)
+    lines.append(f"  {name:<{width}} = {value}" + (f"   # {note}" if note else ""))
+  return "\n".join(lines)
+
+
+def _config_spec(argv: Sequence[str]) -> Optional[str]:
+  for i, arg in enumerate(argv):
+    if arg.startswith("--config="):
+      return arg.split("=", 1)[1]
+    if arg == "--config" and i + 1 < len(argv):
+      return argv[i + 1]
+  return None
+
+
+def preflight(argv: Sequence[str]) -> Optional[str]:
+  """What to print and exit 0 with (``--help``, ``list``), or None to run; raises UsageError.
+
+  Runs before absl parses the flags, so that a misspelt field is caught here
+  with its closest match instead of deep inside ``config_flags``.
+  """
+  args = list(argv[1:])
+  if args and args[0] == "list":
+    if len(args) > 2:
+      raise UsageError(f"list takes at most one config; got {args[1:]}")
+    return describe(args[1] if len(args) == 2 else None)
+  spec = _config_spec(args)
+  if any(a in ("-h", "--help", "-help", "--helpfull") for a in args):
+    return USAGE + "\n" + describe(spec)
+  if spec is not None:
+    check_overrides(load_config(spec), spec, args)
+  return None
+
+
+def main_or_exit(argv: Sequence[str]) -> None:
+  """Prints and exits for ``--help``, ``list`` and usage errors; returns when training should run."""
+  try:
+    text = preflight(argv)
+  except UsageError as e:
+    print(f"error: {e}", file=sys.stderr)
+    raise SystemExit(USAGE_ERROR) from None
+  if text is not None:
+    print(text)
+    raise SystemExit(0)

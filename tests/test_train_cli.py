@@ -1,0 +1,65 @@
+"""``python -m experiments.train``'s command line: it lists the configs and their fields, and rejects typos in one line."""
+
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from experiments import cli
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _train(*args):
+  return subprocess.run([sys.executable, "-m", "experiments.train", *args], cwd=ROOT, capture_output=True,
+                        text=True, timeout=120)
+
+
+def test_help_lists_every_config():
+  out = _train("--help")
+  assert out.returncode == 0, out.stderr
+  assert "usage: python -m experiments.train --config" in out.stdout
+  assert "list [CONFIG" in out.stdout
+  for name in ("configs/terngrad_lenet.py", "configs/gpt_text.py", "configs/zoo.py"):
+    assert name in out.stdout
+  assert "configs/common.py" not in out.stdout  # no get_config: not a config
+
+
+def test_list_shows_a_configs_fields_with_their_values():
+  text = cli.preflight(["train", "list", "configs/terngrad_lenet.py:runlocal"])
+  lines = {l.split("=")[0].strip(): l for l in text.splitlines()[1:]}
+  assert "= 64" in lines["batch_size"] and "TOTAL batch" in lines["batch_size"]  # the value and its comment
+  assert "compressor_kwargs.clip_sigma" in lines  # nested fields by their dotted names
+  assert "'terngrad'" in lines["compressor"]
+
+
+def test_a_misspelt_field_is_one_line_with_the_closest_exit_code_2():
+  out = _train("--config", "configs/terngrad_lenet.py:runlocal", "--workdir", "/nonexistent",
+               "--config.num_trian_steps=20")
+  assert out.returncode == 2
+  assert out.stderr.strip().splitlines() == [
+      "error: --config.num_trian_steps: configs/terngrad_lenet.py has no field 'num_trian_steps'; the "
+      "closest is 'num_train_steps' (python -m experiments.train list configs/terngrad_lenet.py:runlocal)"]
+  assert "Traceback" not in out.stdout + out.stderr
+
+
+TYPO = "terngrad_lent.py"  # a config file that does not exist
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--config", f"configs/{TYPO}"], f"no file 'configs/{TYPO}'; the closest is 'configs/terngrad_lenet.py'"),
+    (["--config=configs/terngrad_lenet.py:runlocl"], "Unknown config argument(s) ['runlocl']"),
+    (["--config", "configs/terngrad_lenet.py", "--config.compressor_kwargs.clip_sigmma=2"],
+     "no field 'compressor_kwargs.clip_sigmma'; the closest is 'compressor_kwargs.clip_sigma'"),
+])
+def test_other_unknown_names_are_usage_errors(argv, message):
+  with pytest.raises(cli.UsageError) as e:
+    cli.preflight(["train", *argv])
+  assert message in str(e.value)
+
+
+def test_known_fields_pass():
+  argv = ["train", "--config", "configs/terngrad_lenet.py:runlocal", "--workdir", "/tmp/w",
+          "--config.num_train_steps=3", "--config.compressor_kwargs.clip_sigma=2.0", "--config.model_kwargs={}"]
+  assert cli.preflight(argv) is None
