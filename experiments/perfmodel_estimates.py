@@ -166,10 +166,10 @@ def break_even_workers(compressor: core.Compressor, n: int, limit: int = 1 << 24
 
 def two_phase_vs_float(compressor: core.Compressor, n: int, workers: list[int]) -> dict:
   """The two-phase exchange against the float ring at each of ``workers`` where it splits ``n``
-  values (:func:`jaxcomp.two_phase.layout`): the largest ratio of received bytes, and the first
+  values (:func:`jaxcomp.two_phase.split`): the largest ratio of received bytes, and the first
   ``N`` (if any) at which two-phase receives more. Past ``n / alignment`` workers the tensor is
   too small to split and jaxcomp falls back to the all-gather; those ``N`` are listed apart."""
-  split = [w for w in workers if two_phase.layout(compressor, n, w) is not None]
+  split = [w for w in workers if two_phase.split(compressor, n, w) is not None]
   ratios = {w: received_bytes(compressor, n, w, "two_phase") / received_bytes(compressor, n, w, "float")
             for w in split}
   return {"max_ratio": max(ratios.values()) if ratios else None,

@@ -333,6 +333,35 @@ def check_not_sharded(grads: Any) -> None:
           f"jaxcomp.per_shard(tx, {tuple(axes)!r}), which compresses each device's shard.")
 
 
+def check_one_worker(p: _Plan, state: CompressState) -> None:
+  """Refuses a state that still has its worker axis inside ``update`` (one worker's state is needed).
+
+  A state laid out over workers (:func:`jaxcomp.parallel.replicate_workers`)
+  has a leading worker axis on its worker-local leaves; under ``shard_map``
+  each device holds a row of 1 of it, which :func:`jaxcomp.parallel.worker_slice`
+  drops before ``tx.update`` and :func:`jaxcomp.parallel.expand_workers` puts
+  back. Left in, a residual ``(1, *shape)`` would broadcast every update to
+  that shape (the parameters come back reshaped) and the counters would lose
+  the axis the step's ``out_specs`` expect: a JAX error about jaxcomp's
+  internals, or a silently wrong step. Here it is jaxcomp's own error.
+  """
+  residuals = p.treedef.flatten_up_to(state.local.residual)
+  paths = [path_str(k) for k, _ in jax.tree_util.tree_flatten_with_path(p.treedef.unflatten(p.leaves))[0]]
+  wrong = [(path, jnp.shape(r), jnp.shape(g)) for path, r, g in zip(paths, residuals, p.leaves)
+           if not isinstance(r, optax.MaskedNode) and jnp.shape(r) != jnp.shape(g)]
+  # The standard counters are scalars on one worker (a compressor's own may count per chunk).
+  wrong += [(f"metrics/{k}", jnp.shape(leaf), ()) for k, c in state.local.metrics.items() if k in STANDARD_METRICS
+            for leaf in jax.tree.leaves(c) if jnp.ndim(leaf)]
+  if wrong:
+    path, got, want = wrong[0]
+    raise ValueError(
+        f"jaxcomp: the optimizer state's {path!r} has shape {tuple(got)} where one worker's is {tuple(want)}: "
+        "tx.update takes one worker's state, without the worker axis that jaxcomp.parallel.replicate_workers "
+        "adds. Under shard_map pass jaxcomp.parallel.worker_slice(state, 0) and return "
+        "jaxcomp.parallel.expand_workers(new_state); under vmap map the state with in_axes="
+        "jaxcomp.parallel.worker_axes(state). jaxcomp.data_parallel(worker_step, tx, ...) does both.")
+
+
 def count_tensor(
     compressor: core.Compressor, ex: core.Exchanged, g: jax.Array, bad: jax.Array,
     tracked_path: Optional[str],
@@ -656,6 +685,7 @@ class _Compress:
     p = self.plan(updates)
     check_gradients_vary(updates, self.worker_axes + parallel.axis_names(self.within), self.compressor)
     check_not_sharded(updates)
+    check_one_worker(p, state)
     residuals = p.treedef.flatten_up_to(state.local.residual)
     inners = p.treedef.flatten_up_to(state.inner)
     shards = (p.treedef.flatten_up_to(state.shard.residual) if self.use_shard

@@ -11,7 +11,7 @@ These slices are then unquantized, summed, and the result is quantized again
 compressed model pulls, §3 and Fig. 1). Per tensor, on worker ``w`` of ``N``:
 
 1. **split**: the (error-corrected) tensor, flattened in C order and padded
-   with zeros, is cut into ``N`` chunks of ``c`` values (:func:`layout`);
+   with zeros, is cut into ``N`` chunks of ``c`` values (:func:`split`);
 2. **phase 1, reduce-scatter**: every chunk is encoded (what the compressor
    agrees on, e.g. TernGrad's shared scalar, is agreed per chunk with one
    ``pmax`` of ``N`` values); chunk ``j`` goes to worker ``j`` with
@@ -66,7 +66,7 @@ Semantics (tested in ``tests/test_two_phase.py``):
   ``≈ 2(N − 1)/N`` of them per worker) raise with ``exchange="two_phase"``
   and keep their own exchange with ``"auto"``.
 * **Too small to split**: a tensor with fewer than ``N`` aligned blocks
-  (:func:`layout` returns ``None``) stays on the all-gather.
+  (:func:`split` returns ``None``) stays on the all-gather.
 
 References:
   Dryden, Moon, Jacobs, Van Essen. *Communication Quantization for
@@ -128,7 +128,7 @@ def check(compressor: core.Compressor, exchange: str) -> None:
 
 
 @dataclasses.dataclass(frozen=True)
-class Layout:
+class Split:
   """How a tensor of ``n`` values is cut for ``workers``: ``workers`` chunks of ``chunk``."""
 
   n: int
@@ -147,7 +147,7 @@ def alignment(compressor: core.Compressor) -> int:
   return math.lcm(8, bucket) if isinstance(bucket, int) and bucket > 0 else ALIGN
 
 
-def layout(compressor: core.Compressor, n: int, workers: int) -> Optional[Layout]:
+def split(compressor: core.Compressor, n: int, workers: int) -> Optional[Split]:
   """The chunks of a tensor of ``n`` values, or ``None`` if it is too small to split.
 
   ``c = ceil(n / N)`` rounded up to :func:`alignment`; too small means
@@ -159,7 +159,7 @@ def layout(compressor: core.Compressor, n: int, workers: int) -> Optional[Layout
     return None
   chunk = -(-n // workers)
   chunk = -(-chunk // a) * a
-  return Layout(n=n, workers=workers, chunk=chunk)
+  return Split(n=n, workers=workers, chunk=chunk)
 
 
 def allreduce_received(nbytes: int, workers: int) -> int:
@@ -199,7 +199,7 @@ def all_gather_bytes(compressor: core.Compressor, n: int, workers: int) -> Bytes
 
 def two_phase_bytes(compressor: core.Compressor, n: int, workers: int) -> Optional[Bytes]:
   """The two-phase exchange of ``n`` values, or ``None`` if it is too small to split."""
-  lay = layout(compressor, n, workers)
+  lay = split(compressor, n, workers)
   if lay is None or unsupported(compressor):
     return None
   agreed, chunk_payload = _structs(compressor, lay.chunk)
@@ -221,7 +221,7 @@ def choose(compressor: core.Compressor, n: int, workers: int, exchange: str) -> 
   a single worker, or a compressor with its own exchange use the all-gather.
   """
   check_exchange(exchange)
-  if exchange == "all_gather" or unsupported(compressor) or layout(compressor, n, workers) is None:
+  if exchange == "all_gather" or unsupported(compressor) or split(compressor, n, workers) is None:
     return "all_gather"
   if exchange == "two_phase":
     return "two_phase"
@@ -477,7 +477,7 @@ def two_phase_steps(
   check(compressor, "two_phase")
   shape, n = x.shape, x.size
   workers = parallel.axis_size(axis_name)
-  lay = layout(compressor, n, workers)
+  lay = split(compressor, n, workers)
   if lay is None:
     raise ValueError(f"a tensor of {n} values is too small to split over {workers} workers "
                      f"(needs >= {workers * alignment(compressor)}); use the all-gather.")

@@ -53,6 +53,24 @@ def test_a_state_must_have_its_worker_axis():
     parallel.check_state(laid, 8)
 
 
+@pytest.mark.parametrize("name", ["int8", "terngrad"])
+def test_a_step_by_hand_without_worker_slice_is_named(name):
+  """shard_map with the state's worker row of 1 left in: jaxcomp's error naming worker_slice, not JAX's rank
+  error about a counter (TernGrad) or parameters silently reshaped to (1, ...) (int8)."""
+  tx = jaxcomp.get_transform(name, axis_name="d")
+  state = parallel.replicate_workers(tx.init(PARAMS), 4)
+  mesh = jax.make_mesh((4,), ("d",), axis_types=(jax.sharding.AxisType.Auto,), devices=jax.devices()[:4])
+  specs = parallel.worker_specs(state, "d")
+
+  def forgot(g, s):  # tx.update on the device's state as it arrives, its worker row of 1 still there
+    return tx.update(jax.tree.map(lambda a: a[0], g), s)
+
+  grads = {k: jnp.ones((4,) + v.shape) for k, v in PARAMS.items()}
+  step = jax.jit(jax.shard_map(forgot, mesh=mesh, in_specs=(P("d"), specs), out_specs=(P(), specs)))
+  with pytest.raises(ValueError, match=r"has shape \(1,.*worker_slice\(state, 0\).*expand_workers"):
+    step(grads, state)
+
+
 def test_a_non_float_leaf_is_named_and_can_be_skipped():
   grads = {"w": jnp.linspace(-1.0, 1.0, 30), "step": jnp.int32(7)}
   with pytest.raises(TypeError, match=r"dtype int32 at 'step'.*skip"):

@@ -189,7 +189,7 @@ def test_two_phase_never_crosses_the_float_ring_where_it_splits():
     for w in r["workers_checked"]:
       assert (two_phase.two_phase_bytes(comp, n, w).received
               < two_phase.allreduce_received(4 * n, w))
-    assert all(two_phase.layout(comp, n, w) is None for w in r["too_small_to_split"])
+    assert all(two_phase.split(comp, n, w) is None for w in r["too_small_to_split"])
   qsgd = _break_even_compressors()["qsgd_4bit"]  # chunks of whole 512-value buckets: 7M splits up to 13,683
   assert est.two_phase_vs_float(qsgd, 7_005_832, [8192, 16384])["too_small_to_split"] == [16384]
 

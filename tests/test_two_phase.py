@@ -41,7 +41,7 @@ def _run_vmap(comp, xs, keys, residual=None, need_own=True):
 def _reference(comp, xs, keys, residual):
   """The two phases computed with encode/decode only, no collective: chunk j of every worker goes to worker j."""
   n_workers, n = xs.shape
-  lay = tp.layout(comp, n, n_workers)
+  lay = tp.split(comp, n, n_workers)
   c = lay.chunk
   chunks = jnp.pad(xs, ((0, 0), (0, lay.padded - n))).reshape(n_workers, n_workers, c)
   res = jnp.pad(residual, ((0, 0), (0, lay.padded - n))).reshape(n_workers, n_workers, c)
@@ -59,11 +59,11 @@ def _reference(comp, xs, keys, residual):
 
 def test_layout_and_static_bytes():
   tern = TernGrad()
-  assert tp.layout(tern, 4 * 40 - 1, 4) is None  # fewer than N aligned blocks
-  assert tp.layout(tern, 1000, 1) is None  # one worker
-  lay = tp.layout(tern, 1000, 4)
+  assert tp.split(tern, 4 * 40 - 1, 4) is None  # fewer than N aligned blocks
+  assert tp.split(tern, 1000, 1) is None  # one worker
+  lay = tp.split(tern, 1000, 4)
   assert (lay.chunk, lay.padded) == (280, 1120)  # ceil(1000/4) = 250 -> a multiple of 40
-  assert tp.layout(QSGD(bucket_size=512), 4 << 20, 64).chunk % 512 == 0  # buckets never straddle chunks
+  assert tp.split(QSGD(bucket_size=512), 4 << 20, 64).chunk % 512 == 0  # buckets never straddle chunks
   # TernGrad, 4 workers, chunks of 280: 70 code bytes + the 4-byte scale per chunk and per shard,
   # one agreed float32 per chunk (an all-reduce of 16 bytes: a ring receives 2*3/4 of it).
   b = tp.two_phase_bytes(tern, 1000, 4)
@@ -120,7 +120,7 @@ def test_error_feedback_conservation_both_stages():
   np.testing.assert_allclose(total_in, total_out + r1.mean(0) + r2.sum(0), atol=2e-5, rtol=0)
   # Not vacuous: both residuals are in use, each worker's shard residual only on its own shard.
   assert float(jnp.abs(r1).max()) > 0.1 and float(jnp.abs(r2).max()) > 0.01
-  lay = tp.layout(comp, n, n_workers)
+  lay = tp.split(comp, n, n_workers)
   for w in range(n_workers):
     outside = jnp.concatenate([r2[w, :w * lay.chunk], r2[w, (w + 1) * lay.chunk:]])
     assert float(jnp.abs(outside).max()) == 0.0
@@ -201,7 +201,7 @@ def test_same_numbers_under_vmap_shard_map_and_both(comp):
   for name, got in (("shard_map", sm), ("shard_map+vmap", smv)):
     for a, b in zip(ref, got):
       np.testing.assert_allclose(a, b, atol=1e-6, rtol=0, err_msg=name)
-  assert tp.layout(comp, n, n_workers) is not None
+  assert tp.split(comp, n, n_workers) is not None
 
 
 def test_two_processes_match_vmap(tmp_path):
@@ -242,7 +242,7 @@ def test_threelc_zero_run_wire_in_both_phases():
   r = jnp.zeros((n_workers, n))
   plain, buffered = ThreeLC(), ThreeLC(capacity=0.5)
   static = tp.two_phase_bytes(buffered, n, n_workers)
-  plain_bytes = tp.layout(plain, n, n_workers).chunk // 5 + 4  # one plain chunk or shard payload
+  plain_bytes = tp.split(plain, n, n_workers).chunk // 5 + 4  # one plain chunk or shard payload
 
   def runner(comp):
     def f(x, k, res):
