@@ -3,8 +3,8 @@ r"""Tests and measures jaxcomp on whatever accelerator JAX sees, in one command.
 Written for a GPU machine lent for a few minutes, with no network, its own JAX and
 no TensorFlow: it installs nothing, reads no dataset (the measurements run on
 synthetic inputs: throughput only) and imports nothing that such a machine lacks
-(``benchmarks/_absent.py`` refuses those imports here too, so a CPU run fails
-where a GPU run would). In order:
+(``benchmarks/_absent.py`` makes those absent here too, so a CPU run fails where
+a GPU run would). In order:
 
 1. **tests**: the test files that carry the ``accelerator`` marker
    (``pyproject.toml``: no dataset, no second process or device, no package
@@ -16,9 +16,10 @@ where a GPU run would). In order:
 3. **exchange**: ResNet-110's whole bucketed update (``benchmarks.link``'s
    jitted ``shard_map``'d ``tx.update``) against float's ``pmean``, on the
    devices present;
-4. **steps**: whole training steps with simulated workers (``vmap``) of LeNet
-   and a GPT at N = 8 and 64, every compressor of ``benchmarks.step_time``'s
-   LeNet groups against float, as ``/ float``.
+4. **steps**: whole training steps with simulated workers of LeNet and a GPT
+   at N = 8 and 64 (``vmap`` inside ``shard_map``, as ``experiments.step``),
+   every compressor of ``benchmarks.step_time``'s LeNet groups against float,
+   as ``/ float``.
 
 Parts 2-4 run in this process, each method's calls interleaved with its
 baseline's (rotated order, median of the per-repeat ratios: the ratios compare
@@ -31,8 +32,8 @@ The exit status is 1 when a test failed.
 
 Usage::
 
-  python -m benchmarks.accelerator --out DIR [--parts tests,compressors,steps,exchange]
-  python -m benchmarks.accelerator --out DIR --tiny   # CPU, seconds: collects the tests only
+  python -m benchmarks.accelerator --out DIR [--parts tests,compressors,exchange,steps]
+  python -m benchmarks.accelerator --out DIR --tiny   # a CPU test: toy sizes, tests collected only
 
 ``--tiny`` measures at tiny sizes and only collects the marked tests (their
 imports with the refusals on); ``tests/test_benchmark_accelerator.py`` runs it.
@@ -362,40 +363,52 @@ def synthetic_batch(m: StepModel, workers: int, seed: int = 0):
 
 
 class Stepper:
-  """One jitted training step of ``workers`` vmapped workers, its state donated and kept here."""
+  """One jitted training step of ``workers`` simulated workers, its state donated and kept here.
+
+  Laid out as ``experiments.step`` lays a step out: the workers split over the
+  mesh's devices, ``vmap`` over each device's share inside ``jax.shard_map``,
+  the exchange over both axes (so, as in training, a compressor that encodes a
+  bucket at once does).
+  """
 
   AXIS = "workers"
 
-  def __init__(self, m: StepModel, compressor: str, kwargs: dict, workers: int):
+  def __init__(self, m: StepModel, compressor: str, kwargs: dict, workers: int, mesh: Any):
     import jax  # pylint: disable=g-import-not-at-top
-    import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
     import jaxcomp  # pylint: disable=g-import-not-at-top
+    from jax.sharding import NamedSharding, PartitionSpec as P  # pylint: disable=g-import-not-at-top
     from jaxcomp import models, parallel  # pylint: disable=g-import-not-at-top
     self.model = models.get_model(m.name, num_classes=m.num_classes, **m.fields)
-    self.inputs, self.labels = (jnp.asarray(a) for a in synthetic_batch(m, workers))
+    batch = NamedSharding(mesh, P(mesh.axis_names))
+    self.inputs, self.labels = (jax.device_put(a, batch) for a in synthetic_batch(m, workers))
     # One compiled program: run eagerly, the initialisation's every operation compiles alone.
     self.params = jax.jit(self.model.init)(jax.random.PRNGKey(0), self.inputs[0])["params"]
-    tx = jaxcomp.make_optimizer(compressor, m.optimizer(), axis_name=self.AXIS, **kwargs)
-    self.state = parallel.replicate_workers(tx.init(self.params), workers)
-    self.step = jax.jit(self._step_fn(tx, parallel.worker_axes(self.state)), donate_argnums=(0, 1))
+    tx = jaxcomp.make_optimizer(compressor, m.optimizer(), axis_name=tuple(mesh.axis_names) + (self.AXIS,),
+                                **kwargs)
+    state = parallel.replicate_workers(tx.init(self.params), workers)
+    self.state = jax.device_put(state, parallel.worker_shardings(state, mesh, mesh.axis_names))
+    self.step = jax.jit(self._step_fn(tx, state, mesh), donate_argnums=(0, 1))
 
-  def _step_fn(self, tx, state_axes):
+  def _step_fn(self, tx, state, mesh):
+    """``step(params, state, inputs, labels) -> (params, state)`` over ``mesh``, before ``jit``."""
     import jax  # pylint: disable=g-import-not-at-top
     import optax  # pylint: disable=g-import-not-at-top
+    from jax.sharding import PartitionSpec as P  # pylint: disable=g-import-not-at-top
+    from jaxcomp import parallel  # pylint: disable=g-import-not-at-top
 
     def loss(params, x, y):
       logits = self.model.apply({"params": params}, x)
       return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
 
-    grads = jax.vmap(jax.grad(loss), in_axes=(None, 0, 0))
-    update = jax.vmap(tx.update, in_axes=(0, state_axes, None), out_axes=(None, state_axes),
-                      axis_name=self.AXIS)
+    def worker(params, opt_state, x, y):
+      updates, opt_state = tx.update(jax.grad(loss)(params, x, y), opt_state, params)
+      return optax.apply_updates(params, updates), opt_state
 
-    def step(params, state, x, y):
-      updates, state = update(grads(params, x, y), state, params)
-      return optax.apply_updates(params, updates), state
-
-    return step
+    axes, specs, batch = parallel.worker_axes(state), parallel.worker_specs(state, mesh.axis_names), P(mesh.axis_names)
+    workers = jax.vmap(worker, in_axes=(None, axes, 0, 0), out_axes=(None, axes), axis_name=self.AXIS)
+    # check_vma=False: collectives over the inner vmap axis (jaxcomp.parallel), as experiments.step.
+    return jax.shard_map(workers, mesh=mesh, in_specs=(P(), specs, batch, batch), out_specs=(P(), specs),
+                         check_vma=False)
 
   def __call__(self):
     self.params, self.state = self.step(self.params, self.state, self.inputs, self.labels)
@@ -404,20 +417,21 @@ class Stepper:
 
 def bench_steps(scale: Scale, budget: Budget) -> list[dict]:
   """Every model at every N: each method's step beside float's, one row each."""
-  from benchmarks import step_time  # pylint: disable=g-import-not-at-top
+  from benchmarks import link, step_time  # pylint: disable=g-import-not-at-top
+  mesh = link._mesh(1)  # pylint: disable=protected-access
   rows = []
   for m in step_models(scale):
     for workers in scale.workers:
       if not budget.allows(f"steps of {m.name} at N = {workers}"):
         continue
       log(f"steps: {m.name}, N = {workers}: building {', '.join(scale.step_methods)}")
-      steppers = {name: Stepper(m, *step_time.LENET_METHODS[name], workers) for name in scale.step_methods}
+      steppers = {name: Stepper(m, *step_time.LENET_METHODS[name], workers, mesh) for name in scale.step_methods}
       timed = side_by_side(steppers, scale.repeats, scale.steps_per_repeat)
       for name, t in timed.items():
         compressor, kwargs = step_time.LENET_METHODS[name]
-        rows.append({"model": m.name, "fields": m.fields, "workers": workers, "batch": m.batch, "method": name,
-                     "compressor": compressor, "compressor_kwargs": kwargs, "step_s": t.pop("median_s"),
-                     "ratio_to_float": t.pop("ratio"), **t})
+        rows.append({"model": m.name, "fields": m.fields, "workers": workers, "devices": mesh.devices.size,
+                     "batch": m.batch, "method": name, "compressor": compressor, "compressor_kwargs": kwargs,
+                     "step_s": t.pop("median_s"), "ratio_to_float": t.pop("ratio"), **t})
       log(f"steps: {m.name}, N = {workers}: " + ", ".join(f"{r['method']} {r['ratio_to_float']:.2f}"
                                                          for r in rows[-len(timed):]))
   return rows
