@@ -147,18 +147,26 @@ def _test_env() -> dict[str, str]:
   return dict(os.environ, JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", ""))
 
 
-def _run(cmd: list[str], timeout_s: float) -> tuple[int | None, str]:
-  """``(returncode, output)`` of ``cmd`` run in the repository; ``None`` if it ran past ``timeout_s``
-  (then its process group, pytest-xdist's workers included, is killed)."""
+def _run(cmd: list[str], timeout_s: float, grace_s: float = 30.0) -> tuple[int | None, str]:
+  """``(returncode, output)`` of ``cmd`` run in the repository; ``None`` if it ran past ``timeout_s``.
+
+  Past it, its process group (pytest-xdist's workers too) gets SIGINT, as from
+  a terminal: pytest stops and still writes its summary and JUnit XML of the
+  tests that ran. Whatever outlives ``grace_s`` more is killed.
+  """
   proc = subprocess.Popen(cmd, cwd=REPO, env=_test_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, start_new_session=True)
   try:
     output, _ = proc.communicate(timeout=timeout_s)
     return proc.returncode, output
   except subprocess.TimeoutExpired:
+    os.killpg(proc.pid, signal.SIGINT)
+  try:
+    output, _ = proc.communicate(timeout=grace_s)
+  except subprocess.TimeoutExpired:
     os.killpg(proc.pid, signal.SIGKILL)
     output, _ = proc.communicate()
-    return None, output
+  return None, output
 
 
 def junit_summary(path: str) -> dict[str, Any]:
@@ -362,6 +370,32 @@ def synthetic_batch(m: StepModel, workers: int, seed: int = 0):
   return images, rng.integers(0, m.num_classes, (workers, per), dtype=np.int32)
 
 
+@dataclasses.dataclass(frozen=True)
+class StepSetup:
+  """What every method's step of one model at one N shares: the model, its parameters, the batch."""
+
+  model: Any  # the Flax module
+  params: Any  # initial parameters (each Stepper copies them: its step donates them)
+  inputs: Any  # [workers, batch / workers, ...], laid over the mesh
+  labels: Any
+  optimizer: Callable[[], Any]
+  workers: int
+  mesh: Any
+
+
+def step_setup(m: StepModel, workers: int, mesh: Any) -> StepSetup:
+  """``m`` built and initialised once, and its synthetic batch split over ``mesh``."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from jax.sharding import NamedSharding, PartitionSpec as P  # pylint: disable=g-import-not-at-top
+  from jaxcomp import models  # pylint: disable=g-import-not-at-top
+  model = models.get_model(m.name, num_classes=m.num_classes, **m.fields)
+  batch = NamedSharding(mesh, P(mesh.axis_names))
+  inputs, labels = (jax.device_put(a, batch) for a in synthetic_batch(m, workers))
+  # One compiled program: run eagerly, the initialisation's every operation compiles alone.
+  params = jax.jit(model.init)(jax.random.PRNGKey(0), inputs[0])["params"]
+  return StepSetup(model, params, inputs, labels, m.optimizer, workers, mesh)
+
+
 class Stepper:
   """One jitted training step of ``workers`` simulated workers, its state donated and kept here.
 
@@ -373,19 +407,17 @@ class Stepper:
 
   AXIS = "workers"
 
-  def __init__(self, m: StepModel, compressor: str, kwargs: dict, workers: int, mesh: Any):
+  def __init__(self, setup: StepSetup, compressor: str, kwargs: dict):
     import jax  # pylint: disable=g-import-not-at-top
+    import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
     import jaxcomp  # pylint: disable=g-import-not-at-top
-    from jax.sharding import NamedSharding, PartitionSpec as P  # pylint: disable=g-import-not-at-top
-    from jaxcomp import models, parallel  # pylint: disable=g-import-not-at-top
-    self.model = models.get_model(m.name, num_classes=m.num_classes, **m.fields)
-    batch = NamedSharding(mesh, P(mesh.axis_names))
-    self.inputs, self.labels = (jax.device_put(a, batch) for a in synthetic_batch(m, workers))
-    # One compiled program: run eagerly, the initialisation's every operation compiles alone.
-    self.params = jax.jit(self.model.init)(jax.random.PRNGKey(0), self.inputs[0])["params"]
-    tx = jaxcomp.make_optimizer(compressor, m.optimizer(), axis_name=tuple(mesh.axis_names) + (self.AXIS,),
+    from jaxcomp import parallel  # pylint: disable=g-import-not-at-top
+    mesh = setup.mesh
+    self.model, self.inputs, self.labels = setup.model, setup.inputs, setup.labels
+    self.params = jax.tree.map(jnp.copy, setup.params)
+    tx = jaxcomp.make_optimizer(compressor, setup.optimizer(), axis_name=tuple(mesh.axis_names) + (self.AXIS,),
                                 **kwargs)
-    state = parallel.replicate_workers(tx.init(self.params), workers)
+    state = parallel.replicate_workers(tx.init(self.params), setup.workers)
     self.state = jax.device_put(state, parallel.worker_shardings(state, mesh, mesh.axis_names))
     self.step = jax.jit(self._step_fn(tx, state, mesh), donate_argnums=(0, 1))
 
@@ -425,7 +457,8 @@ def bench_steps(scale: Scale, budget: Budget) -> list[dict]:
       if not budget.allows(f"steps of {m.name} at N = {workers}"):
         continue
       log(f"steps: {m.name}, N = {workers}: building {', '.join(scale.step_methods)}")
-      steppers = {name: Stepper(m, *step_time.LENET_METHODS[name], workers, mesh) for name in scale.step_methods}
+      setup = step_setup(m, workers, mesh)
+      steppers = {name: Stepper(setup, *step_time.LENET_METHODS[name]) for name in scale.step_methods}
       timed = side_by_side(steppers, scale.repeats, scale.steps_per_repeat)
       for name, t in timed.items():
         compressor, kwargs = step_time.LENET_METHODS[name]

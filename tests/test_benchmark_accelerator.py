@@ -77,3 +77,16 @@ def test_failed_tests_are_reported_by_name(tmp_path):
   assert "arithmetic" in failed["test_fails"] and "tensorflow" in failed["test_imports_tensorflow"]
   assert result["summary"].startswith("2 failed, 1 passed, 1 deselected")
   assert "test_fails" in accelerator.markdown({"command": "c", "scale": "s", "data": "d", "tests": result})
+
+
+def test_a_run_past_its_time_is_stopped_and_reports_what_ran(tmp_path):
+  mark = f"pytest.mark.{accelerator.MARKER}"
+  (tmp_path / "test_slow.py").write_text(
+      "import time\nimport pytest\n\n"
+      f"@{mark}\ndef test_quick():\n  pass\n\n"
+      f"@{mark}\ndef test_hangs():\n  time.sleep(600)\n")
+  result = accelerator.run_tests([str(tmp_path / "test_slow.py")], str(tmp_path), collect_only=False, workers=1,
+                                 timeout_s=6)
+  assert result["timed_out"] and result["returncode"] is None and result["seconds"] < 60
+  assert result["counts"]["passed"] == 1  # pytest, interrupted, still wrote its JUnit XML
+  assert "timed out" in accelerator.markdown({"command": "c", "scale": "s", "data": "d", "tests": result})
