@@ -559,7 +559,7 @@ def _compressors_md(rows: list[dict]) -> str:
 
 
 def _steps_md(rows: list[dict]) -> str:
-  return _table("Training steps with simulated workers (vmap)", [
+  return _table("Training steps with simulated workers (vmap in shard_map)", [
       ("model", "---", lambda r: r["model"]), ("N", "---:", lambda r: str(r["workers"])),
       ("batch", "---:", lambda r: str(r["batch"])), ("method", "---", lambda r: f"`{r['method']}`"),
       ("step ms", "---:", lambda r: _ms(r["step_s"])), ("/ float", "---:", lambda r: f"{r['ratio_to_float']:.2f}"),
@@ -608,6 +608,18 @@ def _parse(argv: list[str]) -> argparse.Namespace:
   return args
 
 
+def measure(doc: dict[str, Any], parts: list[str], scale: Scale, budget: Budget, out: str) -> None:
+  """Runs the measurement ``parts`` in order into ``doc``, writing it after each; the budget's skips too."""
+  t0 = time.perf_counter()
+  doc["skipped"] = budget.skipped
+  for part in parts:
+    if budget.allows(part):
+      log(f"{part}: measuring ({scale.name})")
+      doc[part] = MEASUREMENTS[part](scale, budget)
+      doc["measure_s"] = time.perf_counter() - t0
+      write(doc, out)
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
   argv = sys.argv[1:] if argv is None else list(argv)
   args = _parse(argv)
@@ -621,14 +633,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                              args.tests_timeout)
   doc["environment"] = environment()
   write(doc, args.out)
-  budget = Budget(args.budget)
-  doc["skipped"] = budget.skipped
-  for part in [p for p in PARTS if p in args.parts and p in MEASUREMENTS]:
-    if budget.allows(part):
-      log(f"{part}: measuring ({scale.name})")
-      doc[part] = MEASUREMENTS[part](scale, budget)
-      doc["wall_s"] = time.perf_counter() - t0
-      write(doc, args.out)
+  measure(doc, [p for p in PARTS if p in args.parts and p in MEASUREMENTS], scale, Budget(args.budget), args.out)
   doc["absent_imported"] = _absent.imported()
   doc["wall_s"] = time.perf_counter() - t0
   write(doc, args.out)
