@@ -11,7 +11,7 @@ DEBIAN_PACKAGES := dataset-fashion-mnist dict-gcide iproute2
 FASHION_DIR     ?= $(or $(JAXCOMP_FASHION_MNIST_DIR),/usr/share/datasets/fashion-mnist)
 GCIDE_FILE      ?= $(or $(JAXCOMP_GCIDE_PATH),/usr/share/dictd/gcide.dict.dz)
 
-.PHONY: setup debian-packages quickstart lm test test-fast notebooks bench clean
+.PHONY: setup debian-packages quickstart lm test test-fast notebooks bench accelerator clean
 
 ## The virtual environment: the pinned library, experiment stack and test tools.
 $(STAMP): pyproject.toml requirements.lock
@@ -76,6 +76,12 @@ notebooks: debian-packages $(STAMP)
 bench: $(STAMP)
 	$(PY) -m benchmarks.compressors
 	$(PY) -m benchmarks.codecs
+
+## Test and measure on whatever accelerator JAX sees (docs/benchmarks.md, "On an accelerator"):
+## installs nothing, with .venv's Python where there is one, else $(PYTHON) and the JAX it finds.
+ACCELERATOR_OUT ?= workdirs/accelerator
+accelerator:
+	$(if $(wildcard $(PY)),$(PY),$(PYTHON)) -m benchmarks.accelerator --out $(ACCELERATOR_OUT)
 
 clean:
 	rm -rf $(VENV) workdirs .pytest_cache

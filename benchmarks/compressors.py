@@ -131,6 +131,54 @@ def combine(docs: list[dict]) -> str:
   return "\n".join(lines)
 
 
+def compressors_by_name(only: str = "", variants: bool = True) -> dict:
+  """``{name: Compressor}``: every registry compressor, the wrappers' codes and the variants.
+
+  ``only`` (comma-separated names) keeps those, in its order; ``variants=False``
+  leaves out :data:`VARIANTS`.
+
+  Raises:
+    ValueError: a name in ``only`` that is none of these.
+  """
+  entries = {}
+  for name in sorted(jaxcomp.REGISTRY):
+    try:
+      entries[name] = throughput.compressor_of(name)
+    except LookupError:
+      continue  # "none": the float baseline has no compressor
+  for name, code in WRAPPER_CODES.items():
+    if name in jaxcomp.compressors.WRAPPERS:
+      entries[name] = code()
+  if variants:
+    for vname, (base, kw) in VARIANTS.items():
+      if base in jaxcomp.REGISTRY:
+        entries[vname] = throughput.compressor_of(base, **kw)
+  wanted = [w.strip() for w in only.split(",") if w.strip()]
+  unknown = [w for w in wanted if w not in entries]
+  if unknown:
+    raise ValueError(f"unknown compressors {unknown}; known: {sorted(entries)}")
+  return {k: entries[k] for k in wanted} if wanted else entries
+
+
+def measure(entries: dict, sizes: list[int], repeats: int) -> list[dict]:
+  """One row per size and compressor of ``entries``: :func:`experiments.throughput.bench_one`
+  on a Gaussian float32 tensor of that size, with throughputs and the target judged."""
+  copy = jax.jit(lambda x: x * jnp.float32(2.0))
+  results = []
+  for size in sizes:
+    x = jax.random.normal(jax.random.PRNGKey(0), (size,), jnp.float32)
+    key = jax.random.PRNGKey(1)
+    for name, comp in entries.items():
+      r = throughput.bench_one(comp, x, key, copy, repeats)
+      r.update(compressor=name, size=size, melem_per_s=size / r["total_s"] / 1e6,
+               copy_melem_per_s=size / r["copy_s"] / 1e6)
+      target = TARGET_FAST.get(name, TARGET_ALL)
+      r.update(target=target, meets_target=bool(r["vs_copy"] >= target))
+      results.append(r)
+      print(f"  measured {name} n={size}: {r['melem_per_s']:.0f} M el/s, {r['vs_copy']:.1%} of copy", file=sys.stderr)
+  return results
+
+
 def main(argv=None) -> dict:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--combine", nargs="+", metavar="JSON", default=None,
@@ -150,39 +198,12 @@ def main(argv=None) -> dict:
     print(combine(docs))
     return {"combined": args.combine}
 
-  entries = {}
-  for name in sorted(jaxcomp.REGISTRY):
-    try:
-      entries[name] = throughput.compressor_of(name)
-    except LookupError:
-      continue  # "none": the float baseline has no compressor
-  for name, code in WRAPPER_CODES.items():
-    if name in jaxcomp.compressors.WRAPPERS:
-      entries[name] = code()
-  if not args.no_variants:
-    for vname, (base, kw) in VARIANTS.items():
-      if base in jaxcomp.REGISTRY:
-        entries[vname] = throughput.compressor_of(base, **kw)
-  if args.only:
-    wanted = [w.strip() for w in args.only.split(",") if w.strip()]
-    unknown = [w for w in wanted if w not in entries]
-    if unknown:
-      parser.error(f"unknown compressors {unknown}; known: {sorted(entries)}")
-    entries = {k: entries[k] for k in wanted}
+  try:
+    entries = compressors_by_name(args.only, variants=not args.no_variants)
+  except ValueError as e:
+    parser.error(str(e))
 
-  copy = jax.jit(lambda x: x * jnp.float32(2.0))
-  results = []
-  for size in [throughput.parse_size(s) for s in args.sizes.split(",")]:
-    x = jax.random.normal(jax.random.PRNGKey(0), (size,), jnp.float32)
-    key = jax.random.PRNGKey(1)
-    for name, comp in entries.items():
-      r = throughput.bench_one(comp, x, key, copy, args.repeats)
-      r.update(compressor=name, size=size, melem_per_s=size / r["total_s"] / 1e6,
-               copy_melem_per_s=size / r["copy_s"] / 1e6)
-      target = TARGET_FAST.get(name, TARGET_ALL)
-      r.update(target=target, meets_target=bool(r["vs_copy"] >= target))
-      results.append(r)
-      print(f"  measured {name} n={size}: {r['melem_per_s']:.0f} M el/s, {r['vs_copy']:.1%} of copy", file=sys.stderr)
+  results = measure(entries, [throughput.parse_size(s) for s in args.sizes.split(",")], args.repeats)
 
   print(f"{'compressor':26s} {'n':>9s} {'enc ms':>8s} {'dec ms':>8s} {'M el/s':>8s} {'copy M/s':>9s} "
         f"{'vs copy':>8s} {'target':>9s}")

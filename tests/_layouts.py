@@ -8,6 +8,7 @@ check that by declaring them unmapped) and the worker-local state batched.
 
 import jax
 import numpy as np
+import pytest
 from jax.sharding import PartitionSpec as P
 
 import jaxcomp
@@ -44,6 +45,18 @@ def device_update(tx):
     return upd, parallel.expand_workers(s2)
 
   return per_device
+
+
+def require_devices(n):
+  """Skips the test where the default backend is an accelerator with fewer than ``n`` devices.
+
+  On the host CPU fewer is a mistake (tests/conftest.py gives 8 devices): it fails there.
+  ``benchmarks.accelerator`` runs the marked tests on the default backend, often one GPU.
+  """
+  if len(jax.devices()) < n:
+    if jax.default_backend() != "cpu":
+      pytest.skip(f"needs {n} devices; {jax.default_backend()} has {len(jax.devices())}")
+    raise AssertionError(f"tests/conftest.py should give {n} host devices; got {len(jax.devices())}")
 
 
 def make_runners(make_tx, n_workers):

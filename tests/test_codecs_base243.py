@@ -10,6 +10,8 @@ from jaxcomp.codecs import base243
 
 from _codec_helpers import jit_vmap_round_trip, ternary
 
+pytestmark = pytest.mark.accelerator
+
 LENGTHS = [0, 1, 2, 4, 5, 6, 7, 9, 10, 11, 14, 15, 16, 24, 25, 26, 99, 1001]
 
 

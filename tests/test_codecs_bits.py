@@ -7,6 +7,8 @@ import pytest
 
 from jaxcomp.codecs import bits
 
+pytestmark = pytest.mark.accelerator
+
 
 def _stream(codes: np.ndarray, width: int) -> np.ndarray:
   """Codes as one little-endian bit stream, LSB-first bytes (np.packbits little)."""

@@ -9,6 +9,8 @@ from hypothesis import strategies as st
 
 from jaxcomp.codecs import elias
 
+pytestmark = pytest.mark.accelerator
+
 
 def _omega(k: int) -> str:
   """Reference Elias omega code as a '0'/'1' string (recursive definition)."""

@@ -8,6 +8,8 @@ from _codec_helpers import ternary
 from jaxcomp.codecs import base243, bits, twobit
 from jaxcomp.codecs._common import join_parts
 
+pytestmark = pytest.mark.accelerator
+
 
 @pytest.mark.parametrize("parts", [1, 2, 4, 5])
 def test_join_parts_is_the_first_n_of_the_concatenated_parts(parts):

@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 
 from jaxcomp.codecs import sparse
 
+pytestmark = pytest.mark.accelerator
+
 
 def _rice_bits_reference(indices, signs, k):
   """The documented message as a '0'/'1' string, one entry at a time."""

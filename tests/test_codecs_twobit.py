@@ -10,6 +10,8 @@ from jaxcomp.codecs import twobit
 
 from _codec_helpers import jit_vmap_round_trip, ternary
 
+pytestmark = pytest.mark.accelerator
+
 # A fixed menu of lengths keeps the number of jit compilations small.
 LENGTHS = [0, 1, 2, 3, 4, 5, 6, 7, 8, 13, 14, 15, 16, 17, 63, 64, 65, 1001]
 

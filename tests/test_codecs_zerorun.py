@@ -9,6 +9,8 @@ from hypothesis import strategies as st
 
 from jaxcomp.codecs import base243, zerorun
 
+pytestmark = pytest.mark.accelerator
+
 
 def _reference_encode(b: np.ndarray) -> np.ndarray:
   """The serial algorithm, byte by byte: greedy runs of at most 14 from the start."""

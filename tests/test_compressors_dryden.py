@@ -19,6 +19,8 @@ from jaxcomp.compressors.adaptive import Adaptive
 from jaxcomp.compressors.onebit import OneBit
 from jaxcomp.compressors.threshold import Threshold
 
+pytestmark = pytest.mark.accelerator
+
 
 def reference_compact(mask, capacity: int, fill: int):
   """Per column, the first ``capacity`` selected rows (``fill`` in empty slots), the counts and the overflow."""

@@ -11,6 +11,8 @@ import jaxcomp
 from jaxcomp import parallel
 from jaxcomp.count import Count
 
+pytestmark = pytest.mark.accelerator
+
 
 def test_traced_sum_carries_past_32_bits_under_jit():
   @jax.jit

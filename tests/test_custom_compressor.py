@@ -7,9 +7,12 @@ import re
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import jaxcomp
 from jaxcomp import parallel
+
+pytestmark = pytest.mark.accelerator
 
 DOC = pathlib.Path(__file__).resolve().parents[1] / "docs" / "compressors.md"
 

@@ -12,6 +12,8 @@ from jaxcomp import parallel
 
 from _layouts import run_layouts, vmap_update
 
+pytestmark = pytest.mark.accelerator
+
 W = 4
 
 

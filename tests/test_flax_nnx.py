@@ -4,10 +4,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 from flax import nnx
 
 import jaxcomp
 from jaxcomp import parallel
+
+pytestmark = pytest.mark.accelerator
 
 W = 4
 

@@ -15,6 +15,8 @@ from jaxcomp import parallel
 
 from _layouts import vmap_update as _vmap_update
 
+pytestmark = pytest.mark.accelerator
+
 
 def test_local_steps_matches_multisteps_single_worker():
   """One worker, float exchange: the same trajectory as optax.MultiSteps (mean of k gradients)."""

@@ -11,6 +11,8 @@ from jaxcomp import models
 from jaxcomp.models import get_model, is_last_layer, param_count
 from jaxcomp.models.gpt import gpt_param_count
 
+pytestmark = pytest.mark.accelerator
+
 TINY = dict(context=16, width=32, depth=2, heads=4)
 
 

@@ -27,6 +27,8 @@ from jaxcomp.compressors.adaptive import Adaptive
 from jaxcomp.compressors.threshold import Threshold
 from jaxcomp.compressors.topk import TopK
 
+pytestmark = pytest.mark.accelerator
+
 
 def reference_window(mask, capacity, fill, key):
   """Per column: the selected rows of ranks ``r … r + capacity − 1`` (mod ``S``), in row order."""

@@ -8,12 +8,15 @@ tests/test_column_compressors.py.
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import jaxcomp
 from jaxcomp import parallel
 from jaxcomp.compressors.powersgd import PowerSGD, orthogonalize
 
 from _layouts import vmap_update as _vmap_update
+
+pytestmark = pytest.mark.accelerator
 
 KEY = jax.random.PRNGKey(0)
 

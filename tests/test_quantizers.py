@@ -21,7 +21,9 @@ from jaxcomp.codecs import base243, zerorun
 from jaxcomp.compressors.qsgd import code_width, levels_for_bits
 from jaxcomp.compressors.threelc import ThreeLC, quantize_3value
 
-from _layouts import assert_error_feedback_conserves, run_layouts, vmap_update as _vmap_update
+from _layouts import assert_error_feedback_conserves, require_devices, run_layouts, vmap_update as _vmap_update
+
+pytestmark = pytest.mark.accelerator
 
 N = 8
 
@@ -64,7 +66,7 @@ def _layout_grads(step):
 @pytest.mark.parametrize("name", LAYOUTS)
 def test_layouts_agree(name):
   """vmap, pmap, shard_map and shard_map+vmap give the same updates and metrics."""
-  assert len(jax.devices()) >= N, "tests/conftest.py should give 8 host devices"
+  require_devices(N)
   factory = COMPRESSORS[name][1]
   make_tx = lambda axis: factory(axis_name=axis)
   params = jax.tree.map(lambda g: g[0], _layout_grads(0))

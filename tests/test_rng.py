@@ -12,6 +12,8 @@ import pytest
 
 from jaxcomp import rng
 
+pytestmark = pytest.mark.accelerator
+
 N = 1 << 20
 
 

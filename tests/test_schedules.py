@@ -19,6 +19,8 @@ from jaxcomp import parallel
 
 from _layouts import vmap_update
 
+pytestmark = pytest.mark.accelerator
+
 W = 4  # workers
 PARAMS = {"w": jnp.zeros((8, 32)), "b": jnp.zeros((48,))}
 

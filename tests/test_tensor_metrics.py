@@ -8,6 +8,8 @@ import pytest
 import jaxcomp
 from jaxcomp import parallel
 
+pytestmark = pytest.mark.accelerator
+
 
 def _grads(n=10_000):
   # |x| = 1 everywhere but one element of 2: without clipping s = 2, so every other

@@ -11,6 +11,8 @@ import pytest
 import jaxcomp
 from jaxcomp.compressors.terngrad import TernGrad, clip_by_sigma
 
+pytestmark = pytest.mark.accelerator
+
 
 def _roundtrip(comp, x, key):
   agreed = comp.agree(x)

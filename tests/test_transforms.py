@@ -14,6 +14,8 @@ from jaxcomp import core, parallel, transforms
 
 from _layouts import vmap_update
 
+pytestmark = pytest.mark.accelerator
+
 
 class _RoundPayload(NamedTuple):
   codes: jax.Array
