@@ -1,5 +1,6 @@
 """Starting the worker processes of the multi-process tests (jax.distributed on loopback)."""
 
+import importlib.util
 import os
 import socket
 import subprocess
@@ -8,6 +9,14 @@ import sys
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def load_multiprocess_module(name: str):
+  """``tests/multiprocess/<name>.py`` as a module (the workers' scripts are files, not a package)."""
+  spec = importlib.util.spec_from_file_location(name, os.path.join(HERE, "multiprocess", f"{name}.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
 
 
 def free_port() -> int:

@@ -1,8 +1,5 @@
 """Multi-process JAX: two processes (jax.distributed on localhost, gloo) give vmap's numbers."""
 
-import importlib.util
-import os
-
 import jax
 import numpy as np
 import pytest
@@ -10,16 +7,13 @@ import pytest
 import jaxcomp
 from jaxcomp import parallel
 
-from _processes import HERE, run_workers
+from _processes import load_multiprocess_module, run_workers
 
 N = 2
 
 
 def _cases_module():
-  spec = importlib.util.spec_from_file_location("cases", os.path.join(HERE, "multiprocess", "cases.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return load_multiprocess_module("cases")
 
 
 def _cases():

@@ -13,7 +13,6 @@
 """
 
 import csv
-import importlib.util
 import json
 import os
 import signal
@@ -29,7 +28,7 @@ import pytest
 
 from experiments import train
 
-from _processes import free_port
+from _processes import free_port, load_multiprocess_module
 
 # Worker processes: a minute or more on two cores. The module's training fixture counts
 # against its first test's time limit (90 s with other jobs on the machine).
@@ -40,14 +39,7 @@ ROOT = os.path.dirname(HERE)
 NPROC = 2
 
 
-def _load_train_config():
-  spec = importlib.util.spec_from_file_location("train_config", os.path.join(HERE, "multiprocess", "train_config.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
-train_config = _load_train_config()
+train_config = load_multiprocess_module("train_config")
 
 
 def worker_env(cache):
