@@ -3,10 +3,13 @@
 The GPU machines ``benchmarks.accelerator`` is written for carry their own JAX,
 flax, optax, chex, orbax, pytest and hypothesis, but not the experiment stack
 (TensorFlow, tfds, ml_collections, clu, mlxtend) nor the notebook tools. Importing
-this module (``-p benchmarks._absent`` makes it a pytest plugin) makes them
-absent here too, so that a CPU run fails where a GPU run would: a test or
-benchmark that reaches one of them, directly or through another module, raises
-``ModuleNotFoundError`` (``pytest.importorskip`` skips).
+this module is harmless; :func:`install` (called by ``benchmarks.accelerator``'s
+``main``, and by pytest when ``-p benchmarks._absent`` makes this a plugin)
+makes them absent in that process, so that a CPU run fails where a GPU run
+would: a test or benchmark that reaches one of them, directly or through
+another module, raises ``ModuleNotFoundError`` (``pytest.importorskip``
+skips). Only on request: a process that imports ``benchmarks.accelerator``
+(the suite's own test of it) keeps its packages.
 """
 
 from __future__ import annotations
@@ -33,4 +36,7 @@ def imported() -> list[str]:
   return sorted(m for m, module in sys.modules.items() if module is not None and m.partition(".")[0] in ABSENT)
 
 
-install()
+def pytest_configure(config) -> None:
+  """As a pytest plugin (``-p benchmarks._absent``): the packages are absent for the whole run."""
+  del config
+  install()

@@ -90,3 +90,13 @@ def test_a_run_past_its_time_is_stopped_and_reports_what_ran(tmp_path):
   assert result["timed_out"] and result["returncode"] is None and result["seconds"] < 60
   assert result["counts"]["passed"] == 1  # pytest, interrupted, still wrote its JUnit XML
   assert "timed out" in accelerator.markdown({"command": "c", "scale": "s", "data": "d", "tests": result})
+
+
+def test_importing_the_command_keeps_this_processs_packages():
+  """Only the command's own process and its pytest run lose the packages; the suite that imports it keeps them."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  from benchmarks import _absent  # pylint: disable=g-import-not-at-top
+  assert accelerator._absent is _absent
+  for name in ("ml_collections", "tensorflow"):
+    assert sys.modules.get(name, "not imported") is not None, name
+    assert importlib.util.find_spec(name) is not None, name
