@@ -215,6 +215,43 @@ class Compressor:
     """Raises a clear error if this compressor cannot handle such a tensor."""
     del shape, dtype
 
+  def received_bytes(self, wire_bytes: Any, workers: int) -> Optional[Any]:
+    """Bytes that reach one worker in :meth:`exchange` (``custom_exchange``), handing ``wire_bytes``.
+
+    ``None`` (the default): every byte handed goes to an all-gather, so
+    ``(workers − 1)·wire_bytes`` arrive (3LC's zero-run rounds). A compressor
+    whose exchange all-reduces says what a ring's all-reduce receives
+    (PowerSGD, half precision).
+    """
+    del wire_bytes, workers
+    return None
+
+  # -- the two-phase exchange (jaxcomp.two_phase); each has a default -----------
+
+  def chunk_block(self) -> Optional[int]:
+    """Values that a chunk of the two-phase exchange keeps whole (QSGD: a bucket of norms), or ``None``."""
+    return None
+
+  def reduce_chunks(self, received: Payload, shape: Shape) -> jax.Array:
+    """Phase 1's reduction of the ``N`` payloads of one chunk (leading worker axis).
+
+    The default is :meth:`aggregate`, their decoded mean; signSGD sums exact
+    integer votes instead.
+    """
+    return self.aggregate(received, shape)
+
+  shard_compressor: ClassVar[Optional["Compressor"]] = None  # phase 2's codec of the shard; None: this one
+
+  @property
+  def plain_compressor(self) -> Optional["Compressor"]:
+    """A fixed-size fallback wire where this one's may overflow (3LC's base-3^5 behind zero-run), or ``None``."""
+    return None
+
+  def fits(self, payload: Payload) -> jax.Array:
+    """Whether a variable-length ``payload`` fit its buffer (read only where :attr:`plain_compressor` is set)."""
+    del payload
+    return jnp.bool_(True)
+
   # -- encoding a bucket at once (bucket_encode = True) -----------------------
 
   planes: ClassVar[int] = 1  # rows of the bucket's layout (jaxcomp.layout): the codec's planes

@@ -143,8 +143,8 @@ class Split:
 def alignment(compressor: core.Compressor) -> int:
   """Chunk lengths are multiples of this: :data:`ALIGN`, or for a compressor with buckets (QSGD) of
   ``lcm(bucket_size, 8)`` (whole buckets, whatever the bits per value: 8 values of ``b`` bits are whole bytes)."""
-  bucket = getattr(compressor, "bucket_size", None)
-  return math.lcm(8, bucket) if isinstance(bucket, int) and bucket > 0 else ALIGN
+  block = compressor.chunk_block()
+  return math.lcm(8, block) if block else ALIGN
 
 
 def split(compressor: core.Compressor, n: int, workers: int) -> Optional[Split]:
@@ -236,19 +236,15 @@ def choose(compressor: core.Compressor, n: int, workers: int, exchange: str) -> 
 def reduce_chunks(compressor: core.Compressor, received: core.Payload, chunk: int) -> jax.Array:
   """Phase 1's reduction of the ``N`` payloads of one chunk (leading worker axis).
 
-  The compressor's ``reduce_chunks(received, shape)`` if it has one (signSGD:
-  the integer vote counts), else :meth:`~jaxcomp.core.Compressor.aggregate`,
-  the mean of the decoded payloads.
+  :meth:`~jaxcomp.core.Compressor.reduce_chunks`: by default the mean of the
+  decoded payloads; signSGD's integer vote counts.
   """
-  hook = getattr(compressor, "reduce_chunks", None)
-  if hook is not None:
-    return hook(received, (chunk,))
-  return compressor.aggregate(received, (chunk,))
+  return compressor.reduce_chunks(received, (chunk,))
 
 
 def shard_compressor(compressor: core.Compressor) -> core.Compressor:
   """The compressor phase 2 re-encodes shards with (the compressor's ``shard_compressor``, else itself)."""
-  return getattr(compressor, "shard_compressor", None) or compressor
+  return compressor.shard_compressor or compressor
 
 
 class TernaryPayload(NamedTuple):
@@ -305,7 +301,7 @@ class TwoPhaseResult(NamedTuple):
 
 def _plain(compressor: core.Compressor) -> Optional[core.Compressor]:
   """The compressor's fixed-size fallback wire (3LC's base-3^5 behind its zero-run buffer), if any."""
-  return getattr(compressor, "plain_compressor", None)
+  return compressor.plain_compressor
 
 
 def _decode_all(compressor: core.Compressor, payloads: core.Payload, chunk: int) -> jax.Array:
@@ -515,13 +511,13 @@ def all_gather_received(compressor: core.Compressor, n: int, workers: int, wire:
 
   The default exchange: ``(N − 1)·P`` plus a ring's share of the agreement
   all-reduce (:func:`all_gather_bytes`). A compressor with its own exchange
-  says so with a ``received_bytes(wire_bytes, workers)`` hook (PowerSGD: its
-  all-reduces); without one, every byte it hands goes to an all-gather (3LC's
+  says so with :meth:`~jaxcomp.core.Compressor.received_bytes` (PowerSGD: its
+  all-reduces); where that is ``None``, every byte it hands goes to an all-gather (3LC's
   zero-run rounds): ``(N − 1)·wire_bytes``.
   """
   if not compressor.custom_exchange:
     return Count(all_gather_bytes(compressor, n, workers).received)
-  hook = getattr(compressor, "received_bytes", None)
-  if hook is not None:
-    return Count.of(hook(wire, workers))
+  received = compressor.received_bytes(wire, workers)
+  if received is not None:
+    return Count.of(received)
   return _times(Count.of(wire), workers - 1)

@@ -143,6 +143,10 @@ class QSGD(core.BucketCompressor):
   def width(self) -> int:
     return code_width(self.levels)
 
+  def chunk_block(self) -> Optional[int]:
+    """The two-phase exchange's chunks hold whole buckets (each with its norm)."""
+    return self.bucket_size
+
   def _split(self, n: int) -> tuple[int, int, int]:
     """``(d, full buckets, values in the last, partial bucket)`` for ``n`` values."""
     d = max(1, n) if self.bucket_size is None else self.bucket_size
