@@ -76,6 +76,18 @@ def test_link_timing_of_the_language_model():
   assert zoo.link_seconds(zoo.Zoo("configs/zoo.py", "runs"), result) == 0.1
 
 
+def test_wire_bytes_counts_the_wrappers():
+  """local_steps and DiLoCo send their exchange's bytes on one step in k (H): the mean per step."""
+  from benchmarks import train_step_link  # pylint: disable=g-import-not-at-top
+  full = train_step_link.wire_bytes(zoo_gpt.LINK_CONFIG, "none", 2)
+  int8 = train_step_link.wire_bytes(zoo_gpt.LINK_CONFIG, "int8", 2)
+  assert (full, int8) == (4 * 120_576, 120_716)  # float32; 8-bit codes and each tensor's scale
+  assert train_step_link.wire_bytes(zoo_gpt.LINK_CONFIG, "local_steps:k=2", 2) == full / 2
+  assert train_step_link.wire_bytes(zoo_gpt.LINK_CONFIG, "diloco:inner_steps=10", 2) == full / 10
+  assert train_step_link.wire_bytes(zoo_gpt.LINK_CONFIG, "diloco:inner_steps=3:exchange='int8'", 2) == int8 / 3
+  assert train_step_link.period("diloco", {}) == 500 and train_step_link.period("terngrad", {"k": 2}) == 1
+
+
 def _fake_run(workdir, bits, unigram=4.876):
   os.makedirs(workdir)
   with open(os.path.join(workdir, "summary.json"), "w") as f:
