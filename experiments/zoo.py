@@ -809,12 +809,12 @@ def _diloco_plot(runs: dict[str, dict], path: str, float_bpb: Optional[float], u
   ax.legend(fontsize=8)
   h10 = {n: runs[n]["summary"]["test_bits_per_byte"] for n in runs if n.startswith("h10/outer_lr=")}
   shown = ["h10/outer_lr=0.7", "h50/outer_lr=0.7"] + ([min(h10, key=h10.get)] if h10 else [])
-  for k, name in enumerate(dict.fromkeys(n for n in shown if n in runs)):
-    outer = outer_norms(runs[name]["train"])
+  for color, name in zip(("black", "tab:brown", "tab:cyan"), dict.fromkeys(n for n in shown if n in runs)):
+    outer = outer_norms(runs[name]["train"])  # colours of their own: the left panel's are outer LRs
     steps = [t["step"] for t in outer]
-    bx.plot(steps, [t["diloco_outer_grad_norm"] for t in outer], color=f"C{k}", marker=".",
+    bx.plot(steps, [t["diloco_outer_grad_norm"] for t in outer], color=color, marker=".",
             label=f"{name}: ‖mean Δ‖")
-    bx.plot(steps, [t["diloco_outer_state_norm"] for t in outer], color=f"C{k}", ls="--",
+    bx.plot(steps, [t["diloco_outer_state_norm"] for t in outer], color=color, ls="--",
             label=f"{name}: ‖outer momentum‖")
   bx.set_yscale("log")
   bx.set_xlabel("step (outer steps only)")
