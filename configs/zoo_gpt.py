@@ -10,10 +10,10 @@ on the matrices, linear warm-up then cosine decay to a tenth, gradients clipped 
 8-bit pseudo-gradients (:data:`DILOCO`).
 
 REDUCED SCALE: a 0.12M-parameter GPT (context 64, width 64, 2 blocks) instead of
-``gpt_text.py:runlocal``'s 0.8M (context 128, width 128, 4 blocks), and :data:`STEPS` steps
-instead of its 1,000 at a larger batch, so that the whole table (about 25 rows x 3 seeds, one
+``gpt_text.py:runlocal``'s 0.8M (context 64, width 128, 4 blocks), and :data:`STEPS` steps
+instead of its 1,000 at a larger batch, so that the whole table (about 30 rows x 3 seeds, one
 process per run) fits in about an hour and a half of a 2-core CPU machine: measured here, the
-small model trains at about 27 steps/s, the larger at about 1.6. The bits per byte rank the
+small model trains at about 27 steps/s, the larger (then at context 128) at about 1.6. The bits per byte rank the
 methods after a short run; they are not converged values.
 
 One rule for every row: every tensor goes through the compressor (no last-layer or bias
@@ -22,7 +22,10 @@ with the compressor's settings from the vision zoo (``configs/zoo.py:SETTINGS``:
 and AdamW after the exchange for every row (so the vision zoo's per-row optimizers, chosen for
 momentum SGD on LeNet, do not apply), except 1-bit Adam, which is the optimizer itself: Adam's
 own ε = 1e-8 and the recipe's β2, plain SGD after it applying the recipe's schedule, and no
-gradient clipping after it (clipping would act on Adam's update, not on the gradient).
+gradient clipping after it (clipping would act on Adam's update, not on the gradient). Rows
+that are weak at their papers' settings carry the measured cause (:data:`FINDINGS`, from the
+runs of :data:`DIAGNOSES`) and a labelled row (:data:`LABELLED`) with the one change that
+learned best.
 
 Run::
 

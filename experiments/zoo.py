@@ -608,7 +608,9 @@ def _language_section(zoo: Zoo, out: str, plot_path: str) -> list[str]:
       "LeNet. The exception is 1-bit Adam, which is the optimizer: Adam's own ε (1e-8) and the recipe's "
       "β2, plain SGD after it applying the schedule, no clipping after it. DiLoCo's rows run AdamW as the "
       "inner optimizer for H steps without communication, then exchange the pseudo-gradient (float32, "
-      "or 8-bit with error feedback) and apply it with Nesterov SGD (LR 0.7, momentum 0.9).", "",
+      "or 8-bit with error feedback) and apply it with Nesterov SGD (LR 0.7, momentum 0.9). A labelled row "
+      "(`<row>.<label>`) changes one setting of a weak row: the change that learned best in its diagnosis "
+      "runs (below).", "",
       "**Columns.** Bits per byte: mean over the seeds (lower is better); spread: sample standard "
       "deviation and min–max. Bytes: what one worker sends per step, averaged over the run's steps, so "
       "`local_steps` and DiLoCo count their silent steps; ratio: float32 bytes over those. Step over link: "
@@ -692,6 +694,7 @@ def _language_findings(zoo: Zoo, diag: Zoo, plot_path: str, out: str, float_bpb:
   lines += ["", "‖update‖: what the optimizer applied to the parameters, per step (mean over the run); "
             "‖residual‖: a worker's error-feedback residual (with Signum and DGC it holds their momentum too)."
             + (f" Float's bits per byte over 3 seeds: {float_bpb:.3f}." if float_bpb else ""), ""]
+  seeds = _summaries(zoo)
   for name, row in zoo.module.SETTINGS.items():
     if "diagnosis" not in row:
       continue
@@ -702,8 +705,22 @@ def _language_findings(zoo: Zoo, diag: Zoo, plot_path: str, out: str, float_bpb:
     best = min(done, key=done.get)
     agree = ("the diagnosis run it takes is the row's best" if best == row["diagnosis"] else
              f"**the row's best diagnosis run is `{best}`, not `{row['diagnosis']}`: update the row**")
-    lines.append(f"`{name}` takes `{row['diagnosis']}`: {agree}.")
+    lines.append(f"* `{name}` takes `{row['diagnosis']}`: {agree}." + _learns(seeds.get(name, []), float_bpb))
   return lines + [""]
+
+
+def _learns(summaries: list[dict], float_bpb: Optional[float], within: float = 0.3) -> str:
+  """Whether a labelled row learns on every seed (below the unigram entropy) and how far from float."""
+  if not summaries:
+    return " Its seeds have not run yet."
+  bits = [s["test_bits_per_byte"] for s in summaries]
+  below = sum(b < s["unigram_held_out_bits_per_byte"] for b, s in zip(bits, summaries))
+  mean = statistics.mean(bits)
+  gap = "" if float_bpb is None else (f", {mean - float_bpb:.3f} above float's"
+                                       + (f" (within {within:g})" if mean - float_bpb <= within else
+                                          f" (not within {within:g})"))
+  return (f" Over its {len(bits)} seeds: {mean:.3f} bits per byte, {below} of {len(bits)} below the unigram "
+          f"entropy{gap}.")
 
 
 def _diloco_study(zoo: Zoo, study: Zoo, plot_path: str, out: str, float_bpb: Optional[float],
