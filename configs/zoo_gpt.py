@@ -10,10 +10,10 @@ on the matrices, linear warm-up then cosine decay to a tenth, gradients clipped 
 8-bit pseudo-gradients (:data:`DILOCO`).
 
 REDUCED SCALE: a 0.12M-parameter GPT (context 64, width 64, 2 blocks) instead of
-``gpt_text.py:runlocal``'s 0.8M (context 64, width 128, 4 blocks), and :data:`STEPS` steps
+``gpt_text.py:runlocal``'s 0.8M (context 128, width 128, 4 blocks), and :data:`STEPS` steps
 instead of its 1,000 at a larger batch, so that the whole table (about 30 rows x 3 seeds, one
 process per run) fits in about an hour and a half of a 2-core CPU machine: measured here, the
-small model trains at about 27 steps/s, the larger (then at context 128) at about 1.6. The bits per byte rank the
+small model trains at about 27 steps/s, the larger at about 4 (2026-11-28; 1.6 at a load of 10). The bits per byte rank the
 methods after a short run; they are not converged values.
 
 One rule for every row: every tensor goes through the compressor (no last-layer or bias
