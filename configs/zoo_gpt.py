@@ -257,6 +257,7 @@ def _labelled(name: str, run: str, row: dict) -> dict:
   change = DIAGNOSES[owner][label]
   return {"compressor": zoo.compressor_of(owner, {owner: row}), "kwargs": {**row["kwargs"], **change.get("kwargs", {})},
           "config": {**row.get("config", {}), **change.get("config", {})}, "diagnosis": run,
+          **({"timing": row["timing"]} if "timing" in row else {}),  # e.g. DGC's warm-up ended for the link timing
           "paper": f"labelled row: `{owner}` with {label.replace('lr=', 'peak LR ')} (the best of its diagnosis runs, "
                    "seed 0; see the cause below), not its paper's setting"}
 

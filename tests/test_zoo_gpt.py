@@ -173,3 +173,13 @@ def test_weak_row_findings_take_their_figures_from_the_diagnosis(tmp_path):
   assert f"the row's best diagnosis run is `{owner}/{other}`, not `{taken}`: update the row" in text
   cells = row(table(text, "run", "mean ‖update‖ (× float's)"), run=f"`{taken}`")
   assert cells["held-out bits per byte"] == "3.100" and cells["mean ‖update‖ (× float's)"] == "0.5 (0.25×)"
+
+
+def test_labelled_rows_are_timed_as_their_rows():
+  """A labelled row's link timing ends its row's warm-ups too (DGC's, timed at its final density)."""
+  z = zoo.Zoo("configs/zoo_gpt.py", "runs")
+  for name, row in zoo_gpt.SETTINGS.items():
+    if "diagnosis" in row:
+      owner = row["diagnosis"].split("/")[0]
+      assert row.get("timing") == zoo_gpt.SETTINGS[owner].get("timing"), name
+  assert z.timing_kwargs("dgc.density=0.1") == {"density": 0.1, "warmup_steps": 0}
