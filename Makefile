@@ -55,7 +55,7 @@ quickstart: $(STAMP)
 test: debian-packages $(STAMP)
 	$(PY) -m pytest -n 2 --dist loadfile --max-worker-restart=0 --durations=25 tests
 
-## The language model: a GPT on the GCIDE dictionary's English text, 4 workers, about 10 minutes
+## The language model: a GPT on the GCIDE dictionary's English text, 4 workers, under 5 minutes
 ## on 2 cores (configs/gpt_text.py).
 lm: debian-packages $(STAMP)
 	$(PY) -m experiments.train --config configs/gpt_text.py:runlocal --workdir workdirs/gpt_text

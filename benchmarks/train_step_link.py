@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import inspect
 import json
 import statistics
 import sys
@@ -156,14 +157,33 @@ def worker(args) -> int:
   return link.finish("train_step_link", results, args.json, steps=args.steps, overrides=args.set)
 
 
+# The optimizer wrappers that exchange on one step in a period: the keyword argument of the period.
+PERIODS = {"local_steps": "k", "diloco": "inner_steps"}
+
+
+def period(compressor: str, kwargs: dict) -> int:
+  """Steps per exchange of ``compressor`` with ``kwargs``: a wrapper's ``k`` or ``H``, else 1."""
+  if compressor not in PERIODS:
+    return 1
+  from jaxcomp import compressors  # pylint: disable=g-import-not-at-top
+  key = PERIODS[compressor]
+  return int(kwargs.get(key, inspect.signature(compressors.WRAPPERS[compressor]).parameters[key].default))
+
+
 @functools.lru_cache(maxsize=None)
-def wire_bytes(name: str, method: str, processes: int, overrides: tuple = ()) -> int:
+def wire_bytes(name: str, method: str, processes: int, overrides: tuple = ()) -> float:
   """Bytes one worker hands to collectives in a step of this config and method.
 
   ``jaxcomp.metrics``' ``bytes_on_wire`` after one update over ``processes``
   workers under ``jax.eval_shape``: exact, and nothing is computed (every
   payload's size is known while tracing; variable-length encodings' exact
-  sizes are ``encoded_bytes``, not counted here).
+  sizes are ``encoded_bytes``, not counted here). An int.
+
+  The wrappers that exchange once in a period (:data:`PERIODS`: ``local_steps``' ``k``,
+  DiLoCo's ``H``) send nothing on their other steps, so their count is known only when the
+  step runs: one period of updates runs (zero gradients, jitted) and the mean over its steps is
+  returned, as the zoo's bytes column averages over a run: the exchanging step's bytes over the
+  period's length (a float where it does not divide).
   """
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
@@ -183,14 +203,27 @@ def wire_bytes(name: str, method: str, processes: int, overrides: tuple = ()) ->
   grads = jax.tree.map(lambda p: jax.ShapeDtypeStruct((processes,) + p.shape, p.dtype), params)
   tx = optimizers.make_tx(c, "w")
 
-  def step(params, grads):
-    state = parallel.replicate_workers(tx.init(params), processes)
-    axes = parallel.worker_axes(state)
-    update = jax.vmap(lambda g, s: tx.update(g, s, params), in_axes=(0, axes), out_axes=(None, axes),
-                      axis_name="w")
-    return jaxcomp.metrics(update(grads, state)[1])["bytes_on_wire"]
+  def init(params):
+    return parallel.replicate_workers(tx.init(params), processes)
 
-  return int(jax.eval_shape(step, params, grads))
+  def update(params, grads, state):
+    axes = parallel.worker_axes(state)
+    return jax.vmap(lambda g, s: tx.update(g, s, params), in_axes=(0, axes), out_axes=(None, axes),
+                    axis_name="w")(grads, state)[1]
+
+  n = period(c.compressor, c.compressor_kwargs.to_dict())
+  if n == 1:
+    return int(jax.eval_shape(lambda p, g: jaxcomp.metrics(update(p, g, init(p)))["bytes_on_wire"], params, grads))
+  zeros = lambda tree: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), tree)
+  params, grads = zeros(params), zeros(grads)
+  state, step = init(params), jax.jit(lambda g, s: update(params, g, s))
+  sent = []
+  for _ in range(n):
+    state = step(grads, state)
+    sent.append(int(jaxcomp.metrics(state)["bytes_on_wire"]))
+  if sum(b > 0 for b in sent) != 1:
+    raise ValueError(f"{method}: expected one exchanging step in its period of {n}; bytes per step {sent}")
+  return sum(sent) / n
 
 
 def report(paths) -> int:

@@ -13,7 +13,7 @@ train bytes, 4.874 bits per byte (4.876 on the held-out bytes).
 
 Commands::
 
-  # about 10 minutes on 2 CPU cores (4 simulated workers, float32 exchange):
+  # under 5 minutes on 2 CPU cores (4 simulated workers, float32 exchange):
   python -m experiments.train --config configs/gpt_text.py:runlocal --workdir /tmp/gpt_text
   # the same with a compressor, or with DiLoCo (AdamW inside, H = 8 local steps, Nesterov outside):
   python -m experiments.train --config configs/gpt_text.py:runlocal --workdir /tmp/gpt_int8 \
@@ -21,11 +21,12 @@ Commands::
   python -m experiments.train --config configs/gpt_text.py:runlocal,diloco --workdir /tmp/gpt_diloco
 
 Measured (``:runlocal``, seed 0, float32 exchange, this project's 2-core machine): held-out
-**2.531 bits per byte** after 1,000 steps (loss 1.755 nats per byte, next-byte accuracy 47.6%;
-2.947 at step 500), against the unigram baseline of 4.874. Training took 19.3 minutes, at 0.84
-steps/s, with the machine shared (load average about 10 on its 2 cores); a 40-step run at a
-quieter moment went at 1.6 steps/s, which is 10.5 minutes for the 1,000 steps. The numbers are
-deterministic: a second run gave the same 3.41725 bits per byte at step 250.
+**2.529 bits per byte** after 1,000 steps (loss 1.753 nats per byte, next-byte accuracy 47.6%),
+against the unigram baseline of 4.874. The whole command took 4 min 41 s (254.5 s of training
+steps), measured 2026-11-28 with other jobs on the two cores (another developer's
+``pytest -n 2`` suite, then a LeNet run; load average 2 to 5): the cores were never idle during
+that work, so no idle timing was taken. An earlier run, on a machine loaded to about 10, took
+19.3 minutes.
 ``:runlocal,diloco`` (H = 8, float32 pseudo-gradients, outer Nesterov SGD lr 0.7): **2.887** bits
 per byte after the same 1,000 steps (3.343 at step 500), with 421,248 bytes per worker per step
 on average, exactly an eighth of the float32 all-reduce's 3,369,984 (20.6 minutes, shared machine).

@@ -122,7 +122,7 @@ class Zoo:
       return {}
     path = self.config_arg.partition(":")[0]
     return {study: Zoo(f"{path}:{','.join(filter(None, [self.arg, study]))}", self.root)
-            for study in ("tune", "diagnose") if study in self.module.ARGS}
+            for study in ("tune", "diagnose", "diloco") if study in self.module.ARGS}
 
   def names(self) -> list[str]:
     """Registered compressors that this sweep runs, in ``SETTINGS`` order."""
@@ -608,7 +608,9 @@ def _language_section(zoo: Zoo, out: str, plot_path: str) -> list[str]:
       "LeNet. The exception is 1-bit Adam, which is the optimizer: Adam's own ε (1e-8) and the recipe's "
       "β2, plain SGD after it applying the schedule, no clipping after it. DiLoCo's rows run AdamW as the "
       "inner optimizer for H steps without communication, then exchange the pseudo-gradient (float32, "
-      "or 8-bit with error feedback) and apply it with Nesterov SGD (LR 0.7, momentum 0.9).", "",
+      "or 8-bit with error feedback) and apply it with Nesterov SGD (LR 0.7, momentum 0.9). A labelled row "
+      "(`<row>.<label>`) changes one setting of a weak row: the change that learned best in its diagnosis "
+      "runs (below).", "",
       "**Columns.** Bits per byte: mean over the seeds (lower is better); spread: sample standard "
       "deviation and min–max. Bytes: what one worker sends per step, averaged over the run's steps, so "
       "`local_steps` and DiLoCo count their silent steps; ratio: float32 bytes over those. Step over link: "
@@ -621,8 +623,226 @@ def _language_section(zoo: Zoo, out: str, plot_path: str) -> list[str]:
   lines += _plot_line(drawn, out, "bits per byte against bytes")
   lines += table(zoo, rs) + [""]
   lines += _weak_runs(zoo)
+  studies = zoo.studies()
+  float_bpb = next((r["acc"]["mean"] for r in rs if r["name"] == "none" and r["acc"]), None)
+  if "diagnose" in studies:
+    lines += _language_findings(zoo, studies["diagnose"], plot_path, out, float_bpb)
+  if "diloco" in studies:
+    lines += _diloco_study(zoo, studies["diloco"], plot_path, out, float_bpb,
+                           one.get("unigram_held_out_bits_per_byte"))
   lines += _provenance(zoo, rs, None, link_doc, heading="###")
   return lines
+
+
+def _mean_of(train: list[dict], key: str, last: int = 0) -> float:
+  """The mean of ``key`` over the train rows (the last ``last`` of them, if set)."""
+  rows = train[-last:] if last else train
+  return statistics.mean(t[key] for t in rows)
+
+
+def fill_figures(text: str, runs: dict[str, dict], figures: dict[str, Any]) -> str:
+  """``text`` with each ``{<figure>:<run>}`` replaced by ``figures[<figure>](runs[<run>])``, a string;
+  "not measured" where the run is missing."""
+  import re  # pylint: disable=g-import-not-at-top
+  pattern = r"\{(" + "|".join(map(re.escape, figures)) + r"):([^}]+)\}"
+  return re.sub(pattern, lambda m: figures[m.group(1)](runs[m.group(2)]) if m.group(2) in runs else NOT_MEASURED,
+                text)
+
+
+def _bits(run: dict) -> str:
+  return f"{run['summary']['test_bits_per_byte']:.3f}"
+
+
+def finding_text(text: str, runs: dict[str, dict]) -> str:
+  """A finding's text with its figures filled in from the committed runs: ``{bpb:<row>/<label>}``
+  (held-out bits per byte), ``{upd:<row>/<label>}`` (mean ‖update‖ over the run) and
+  ``{res:<row>/<label>}`` (‖residual‖ at the end)."""
+  return fill_figures(text, runs, {"bpb": _bits, "upd": lambda r: f"{_mean_of(r['train'], 'update_norm'):.3g}",
+                                   "res": lambda r: f"{r['train'][-1]['residual_norm']:.3g}"})
+
+
+def _language_findings(zoo: Zoo, diag: Zoo, plot_path: str, out: str, float_bpb: Optional[float]) -> list[str]:
+  """The weak rows' causes, measured (``configs/zoo_gpt.py:diagnose``): each finding, the diagnosis
+  runs' table and their norms against float, and whether each labelled row uses the best change."""
+  runs = _study_runs(diag)
+  found = {n: r["finding"] for n, r in zoo.module.SETTINGS.items() if "finding" in r}
+  lines = ["### Weak rows: the cause, measured", "",
+           "Each weak row ran again with every step's norms logged (`config.log_norms`; "
+           f"`configs/zoo_gpt.py:diagnose`, seed 0, files under `{diag.runs_dir}/`): as the table runs it "
+           "(`paper`) and with one piece changed (the compressor's setting, or the peak and end learning "
+           "rate of the AdamW after the exchange), beside float (`none/paper`). A labelled row "
+           "(`<row>.<label>`, 3 seeds, in the table above) takes the change that learned best.", ""]
+  lines += [f"* `{n}`: {finding_text(text, runs)}" for n, text in found.items()] + ([""] if found else [])
+  if not runs:
+    return lines + ["(No diagnosis run has finished yet.)", ""]
+  drawn = _diagnosis_plot(runs, plot_path.replace(".png", "_diagnosis.png"))
+  if drawn:
+    rel = os.path.relpath(os.path.abspath(drawn), os.path.dirname(os.path.abspath(out)))
+    lines += [f"![norms of the diagnosis runs]({rel})", ""]
+  ref = runs.get("none/paper")
+  ref_upd = _mean_of(ref["train"], "update_norm") if ref else None
+  lines += ["| run | change | held-out bits per byte | final training loss | mean ‖update‖ (× float's) | "
+            "‖residual‖ at the end |", "|---|---|---:|---:|---:|---:|"]
+  for name, r in runs.items():
+    s, train = r["summary"], r["train"]
+    upd = _mean_of(train, "update_norm")
+    ratio = f" ({upd / ref_upd:.2f}×)" if ref_upd else ""
+    change = name.split("/")[1]
+    lines.append(f"| `{name}` | {change if change != 'paper' else 'as the table runs it'} | "
+                 f"{s['test_bits_per_byte']:.3f} | {s['final_train_loss']:.3f} | {upd:.3g}{ratio} | "
+                 f"{train[-1]['residual_norm']:.3g} |")
+  lines += ["", "‖update‖: what the optimizer applied to the parameters, per step (mean over the run); "
+            "‖residual‖: a worker's error-feedback residual (with Signum and DGC it holds their momentum too)."
+            + (f" Float's bits per byte over 3 seeds: {float_bpb:.3f}." if float_bpb else ""), ""]
+  seeds = _summaries(zoo)
+  for name, row in zoo.module.SETTINGS.items():
+    if "diagnosis" not in row:
+      continue
+    owner, label = row["diagnosis"].split("/")
+    done = {n: r["summary"]["test_bits_per_byte"] for n, r in runs.items() if n.split("/")[0] == owner}
+    if not done:
+      continue
+    best = min(done, key=done.get)
+    agree = ("the diagnosis run it takes is the row's best" if best == row["diagnosis"] else
+             f"**the row's best diagnosis run is `{best}`, not `{row['diagnosis']}`: update the row**")
+    lines.append(f"* `{name}` takes `{row['diagnosis']}`: {agree}." + _learns(seeds.get(name, []), float_bpb))
+  return lines + [""]
+
+
+def _learns(summaries: list[dict], float_bpb: Optional[float], within: float = 0.3) -> str:
+  """Whether a labelled row learns on every seed (below the unigram entropy) and how far from float."""
+  if not summaries:
+    return " Its seeds have not run yet."
+  bits = [s["test_bits_per_byte"] for s in summaries]
+  below = sum(b < s["unigram_held_out_bits_per_byte"] for b, s in zip(bits, summaries))
+  mean = statistics.mean(bits)
+  gap = "" if float_bpb is None else (f", {mean - float_bpb:.3f} above float's"
+                                       + (f" (within {within:g})" if mean - float_bpb <= within else
+                                          f" (not within {within:g})"))
+  return (f" Over its {len(bits)} seeds: {mean:.3f} bits per byte, {below} of {len(bits)} below the unigram "
+          f"entropy{gap}.")
+
+
+def _diloco_study(zoo: Zoo, study: Zoo, plot_path: str, out: str, float_bpb: Optional[float],
+                  unigram: Optional[float]) -> list[str]:
+  """DiLoCo's H x outer learning rate (``configs/zoo_gpt.py:diloco``): a table, bits per byte against
+  bytes, and the outer steps' norms."""
+  m = zoo.module
+  runs = _study_runs(study)
+  diag = zoo.studies().get("diagnose")
+  float_run = _study_runs(diag).get("none/paper") if diag else None
+  lines = ["### DiLoCo: H and the outer learning rate", "",
+           f"One seed (0), float32 pseudo-gradients, outer Nesterov momentum 0.9, the zoo's GPT and "
+           f"recipe (`configs/zoo_gpt.py:diloco`, every step logged, files under `{study.runs_dir}/`); "
+           "*average*: outer SGD at LR 1 without momentum, the plain average of the workers' parameters. "
+           "Held-out bits per byte (the best of each H in bold) and, in parentheses, the shared parameters' path: "
+           "Σ ‖outer update‖ over the run"
+           + (f" (float AdamW's, Σ ‖update‖: {path_length(float_run):.0f}, `none/paper` of the diagnosis)"
+              if float_run else "") + ":", ""]
+  lrs = list(m.DILOCO_OUTER_LR)
+  lines += ["| H | bytes / worker / step | " + " | ".join(f"outer LR {lr:g}" for lr in lrs)
+            + " | average |", "|---:|---:|" + "---:|" * (len(lrs) + 1)]
+  for h in m.DILOCO_H:
+    names = [f"h{h}/outer_lr={lr}" for lr in lrs] + [f"h{h}/average"]
+    done = {n: runs[n]["summary"] for n in names if n in runs}
+    if not done:
+      continue
+    best = min(done, key=lambda n: done[n]["test_bits_per_byte"])
+    cells = [("**{:.3f}**" if n == best else "{:.3f}").format(done[n]["test_bits_per_byte"])
+             + f" ({path_length(runs[n]):.0f})" if n in done
+             else ("—" if n.endswith("average") and h not in m.DILOCO_AVERAGE_H else NOT_MEASURED) for n in names]
+    wire = _fmt_bytes(statistics.mean(s["mean_bytes_on_wire"] for s in done.values()))
+    lines.append(f"| {h} | {wire} | " + " | ".join(cells) + " |")
+  lines.append("")
+  found = m.DILOCO_FINDING if hasattr(m, "DILOCO_FINDING") else ""
+  if found:
+    lines += [diloco_finding_text(found, {**({"none/paper": float_run} if float_run else {}), **runs}), ""]
+  if runs:
+    drawn = _diloco_plot(runs, plot_path.replace(".png", "_diloco.png"), float_bpb, unigram)
+    rel = os.path.relpath(os.path.abspath(drawn), os.path.dirname(os.path.abspath(out)))
+    lines += [f"![DiLoCo: bits per byte against bytes, and the outer steps' norms]({rel})", ""]
+  return lines
+
+
+def outer_norms(train: list[dict]) -> list[dict]:
+  """The train rows of a DiLoCo run's outer steps (those with a pseudo-gradient: ``jaxcomp.diloco``'s
+  norms are 0 on the silent steps)."""
+  return [t for t in train if t.get("diloco_outer_grad_norm", 0.0) > 0]
+
+
+def path_length(run: dict) -> float:
+  """How far a run moved its (shared) parameters: Σ ‖update‖ over its steps (DiLoCo: over its outer
+  steps, Σ ‖outer update‖; a run that logged no norms: 0)."""
+  outer = outer_norms(run["train"])
+  if outer:
+    return sum(t["diloco_outer_update_norm"] for t in outer)
+  return sum(t.get("update_norm", 0.0) for t in run["train"])
+
+
+def diloco_finding_text(text: str, runs: dict[str, dict]) -> str:
+  """``text`` with ``{bpb:<run>}`` (bits per byte), ``{path:<run>}`` (:func:`path_length`),
+  ``{grad:<run>}`` (mean ‖mean Δ‖ over the outer steps), ``{mom:<run>}`` (mean ‖outer momentum‖ over
+  them) and ``{amp:<run>}`` (mean ‖outer update‖ over mean ‖mean Δ‖) of the committed runs."""
+
+  def mean(run, key):
+    return statistics.mean(t[key] for t in outer_norms(run["train"]))
+
+  return fill_figures(text, runs, {
+      "bpb": _bits, "path": lambda r: f"{path_length(r):.0f}",
+      "grad": lambda r: f"{mean(r, 'diloco_outer_grad_norm'):.3g}",
+      "mom": lambda r: f"{mean(r, 'diloco_outer_state_norm'):.3g}",
+      "amp": lambda r: f"{mean(r, 'diloco_outer_update_norm') / mean(r, 'diloco_outer_grad_norm'):.2g}"})
+
+
+def _diloco_plot(runs: dict[str, dict], path: str, float_bpb: Optional[float], unigram: Optional[float]) -> str:
+  """Left: bits per byte against bytes per worker per step, a line per outer LR through H.
+  Right: ‖mean Δ‖ and ‖outer momentum‖ at every outer step of H = 10 and 50 (LR 0.7, and the
+  best LR of H = 10)."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  fig, (ax, bx) = plt.subplots(1, 2, figsize=(14, 5.5))
+  series: dict[str, list[tuple[float, float, str]]] = {}
+  for name, r in runs.items():
+    h, setting = name.split("/")
+    s = r["summary"]
+    series.setdefault(setting, []).append((s["mean_bytes_on_wire"], s["test_bits_per_byte"], h[1:]))
+  for k, (setting, pts) in enumerate(sorted(series.items())):
+    pts.sort()
+    style = dict(ls="--", marker="s") if setting == "average" else dict(marker="o")
+    ax.plot([p[0] for p in pts], [p[1] for p in pts], color=f"C{k}", label=setting.replace("_", " "), **style)
+    for x, y, h in pts:
+      ax.annotate(f"H={h}", (x, y), textcoords="offset points", xytext=(4, 3), fontsize=7, color=f"C{k}")
+  for value, label in ((float_bpb, "float (3 seeds)"), (unigram, "unigram entropy")):
+    if value:
+      ax.axhline(value, ls=":", lw=1, color="grey")
+      ax.annotate(label, (0.01, value), xycoords=("axes fraction", "data"), textcoords="offset points",
+                  xytext=(0, 3), fontsize=8, color="grey")
+  ax.set_xscale("log")
+  ax.set_xlabel("bytes on the wire per worker per step (log)")
+  ax.set_ylabel("held-out bits per byte (seed 0)")
+  ax.set_title("DiLoCo: H x outer learning rate (Nesterov 0.9)", fontsize=10)
+  ax.grid(alpha=0.3, which="both")
+  ax.legend(fontsize=8)
+  h10 = {n: runs[n]["summary"]["test_bits_per_byte"] for n in runs if n.startswith("h10/outer_lr=")}
+  shown = ["h10/outer_lr=0.7", "h50/outer_lr=0.7"] + ([min(h10, key=h10.get)] if h10 else [])
+  for color, name in zip(("black", "tab:brown", "tab:cyan"), dict.fromkeys(n for n in shown if n in runs)):
+    outer = outer_norms(runs[name]["train"])  # colours of their own: the left panel's are outer LRs
+    steps = [t["step"] for t in outer]
+    bx.plot(steps, [t["diloco_outer_grad_norm"] for t in outer], color=color, marker=".",
+            label=f"{name}: ‖mean Δ‖")
+    bx.plot(steps, [t["diloco_outer_state_norm"] for t in outer], color=color, ls="--",
+            label=f"{name}: ‖outer momentum‖")
+  bx.set_yscale("log")
+  bx.set_xlabel("step (outer steps only)")
+  bx.set_title("per outer step: the averaged pseudo-gradient and the outer momentum", fontsize=10)
+  bx.grid(alpha=0.3, which="both")
+  bx.legend(fontsize=7)
+  fig.tight_layout()
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+  return path
 
 
 def _study_runs(study: Zoo) -> dict[str, dict]:

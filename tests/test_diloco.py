@@ -1,6 +1,8 @@
 """DiLoCo (arXiv:2311.08105, Alg. 1): H = 1 against data-parallel training, silent inner steps
 and their bytes, conservation with error feedback on the pseudo-gradient, every layout."""
 
+import importlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -11,6 +13,8 @@ import jaxcomp
 from jaxcomp import parallel
 
 from _layouts import run_layouts, vmap_update
+
+diloco_lib = importlib.import_module("jaxcomp.compressors.diloco")  # the package exports the function
 
 pytestmark = pytest.mark.accelerator
 
@@ -99,6 +103,30 @@ def test_outer_nesterov_of_the_mean_pseudo_gradient():
     u, outer_state = outer.update(delta, outer_state, theta)
     theta = optax.apply_updates(theta, u)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), got, theta)
+
+
+def test_outer_step_norms_in_the_metrics():
+  """jaxcomp.metrics gives the outer step's norms (0 on the silent steps): each worker's Δ_i (mean
+  over workers), mean_i Δ_i, the outer momentum after the step and the outer update."""
+  h, lr = 2, 0.1
+  tx = jaxcomp.diloco(optax.sgd(lr), h, axis_name="w")
+  _, states = _run(tx, _grads, 2 * h, _params())
+  norm = lambda tree: float(optax.tree.norm(tree))
+  trace = jax.tree.map(jnp.zeros_like, _params())
+  for t, state in enumerate(states):
+    m = jaxcomp.metrics(state)
+    if t % h != h - 1:
+      assert all(float(m[k]) == 0.0 for k in diloco_lib.NORMS), t
+      continue
+    window = [_grads(t - j) for j in range(h)]  # inner SGD: Δ_i = lr Σ g_i over the window
+    deltas = [jax.tree.map(lambda *g: lr * sum(x[i] for x in g), *window) for i in range(W)]
+    mean = jax.tree.map(lambda *d: sum(d) / W, *deltas)
+    trace = jax.tree.map(lambda g, m_: g + 0.9 * m_, mean, trace)
+    update = jax.tree.map(lambda g, m_: 0.7 * (g + 0.9 * m_), mean, trace)
+    expected = {"diloco_pseudo_grad_norm": np.mean([norm(d) for d in deltas]), "diloco_outer_grad_norm": norm(mean),
+                "diloco_outer_state_norm": norm(trace), "diloco_outer_update_norm": norm(update)}
+    for k, v in expected.items():
+      np.testing.assert_allclose(float(m[k]), v, rtol=1e-5, err_msg=f"{k} at step {t}")
 
 
 def test_error_feedback_conserves_the_pseudo_gradient():

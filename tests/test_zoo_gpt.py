@@ -35,7 +35,15 @@ def test_adamw_after_every_exchange_but_one_bit_adams():
       assert o["compressor_kwargs"]["eps"] == inspect.signature(optax.adam).parameters["eps"].default
       assert o["compressor_kwargs"]["b2"] == base.adam_b2
       continue
-    assert "optimizer" not in o and "learning_rate" not in o, name
+    assert "optimizer" not in o, name
+    if "diagnosis" in zoo_gpt.SETTINGS[name]:  # a labelled row: its diagnosis run's one change
+      owner, label = zoo_gpt.SETTINGS[name]["diagnosis"].split("/")
+      change = zoo_gpt.DIAGNOSES[owner][label]
+      expected = {**zoo_gpt.overrides(owner, 0), **change.get("config", {})}
+      kwargs = {**expected.pop("compressor_kwargs", {}), **change.get("kwargs", {})}
+      assert o == {**expected, **({"compressor_kwargs": kwargs} if kwargs else {})}, name
+      continue
+    assert "learning_rate" not in o, name
     if name in vision_config.SETTINGS and "compressor" not in vision_config.SETTINGS[name]:
       assert o.get("compressor_kwargs", {}).keys() == vision_config.SETTINGS[name]["kwargs"].keys(), name
     assert "AdaGrad" not in zoo_gpt.SETTINGS[name]["paper"] and "TG-F3" not in zoo_gpt.SETTINGS[name]["paper"]
@@ -76,6 +84,18 @@ def test_link_timing_of_the_language_model():
   assert zoo.link_seconds(zoo.Zoo("configs/zoo.py", "runs"), result) == 0.1
 
 
+def test_wire_bytes_counts_the_wrappers():
+  """local_steps and DiLoCo send their exchange's bytes on one step in k (H): the mean per step."""
+  from benchmarks import train_step_link  # pylint: disable=g-import-not-at-top
+  full = train_step_link.wire_bytes(zoo_gpt.LINK_CONFIG, "none", 2)
+  int8 = train_step_link.wire_bytes(zoo_gpt.LINK_CONFIG, "int8", 2)
+  assert (full, int8) == (4 * 120_576, 120_716)  # float32; 8-bit codes and each tensor's scale
+  assert train_step_link.wire_bytes(zoo_gpt.LINK_CONFIG, "local_steps:k=2", 2) == full / 2
+  assert train_step_link.wire_bytes(zoo_gpt.LINK_CONFIG, "diloco:inner_steps=10", 2) == full / 10
+  assert train_step_link.wire_bytes(zoo_gpt.LINK_CONFIG, "diloco:inner_steps=3:exchange='int8'", 2) == int8 / 3
+  assert train_step_link.period("diloco", {}) == 500 and train_step_link.period("terngrad", {"k": 2}) == 1
+
+
 def _fake_run(workdir, bits, unigram=4.876):
   os.makedirs(workdir)
   with open(os.path.join(workdir, "summary.json"), "w") as f:
@@ -101,3 +121,65 @@ def test_report_section_ranks_by_bits_per_byte(tmp_path):
   assert "`onebit_adam` seed 0: 5.200 bits per byte (unigram 4.876)" in text
   assert "`none` seed" not in text.split("no better than the unigram entropy")[1]
   assert (tmp_path / "zoo.png").stat().st_size > 0
+
+
+def _fake_study_run(workdir, bits, train_rows):
+  """A finished study run: its summary and a metrics.csv of ``train_rows`` (dicts of columns)."""
+  _fake_run(workdir, bits)
+  columns = ["step", "split"] + sorted({k for r in train_rows for k in r})
+  with open(os.path.join(workdir, "metrics.csv"), "w") as f:
+    f.write(",".join(columns) + "\n")
+    for step, r in enumerate(train_rows, 1):
+      f.write(",".join(str({"step": step, "split": "train", **r}.get(c, "")) for c in columns) + "\n")
+
+
+def test_diloco_study_table_and_outer_norms(tmp_path):
+  """The H x outer-LR table marks each H's best; the finding's figures come from the runs' outer steps."""
+  z = zoo.Zoo("configs/zoo_gpt.py", str(tmp_path))
+  study = z.studies()["diloco"]
+  silent = {"diloco_outer_grad_norm": 0.0, "diloco_outer_state_norm": 0.0, "diloco_outer_update_norm": 0.0}
+  outer = lambda g, m, u: {"diloco_outer_grad_norm": g, "diloco_outer_state_norm": m, "diloco_outer_update_norm": u}
+  for lr, bits in ((0.1, 3.5), (0.3, 3.2), (0.7, 3.9)):
+    _fake_study_run(os.path.join(study.runs_dir, "h10", f"outer_lr={lr}"), bits,
+                    [silent, outer(1.0, 2.0, 5.0), silent, outer(3.0, 8.0, 9.0)])
+  text = "\n".join(zoo._diloco_study(z, study, str(tmp_path / "zoo_gpt.png"), str(tmp_path / "zoo.md"), 2.9, 4.876))
+  h10 = row(table(text, "H", "outer LR 0.3"), H="10")
+  assert (h10["outer LR 0.3"], h10["outer LR 0.1"], h10["outer LR 1"]) == ("**3.200** (14)", "3.500 (14)", "not measured")
+  runs = zoo._study_runs(study)
+  assert zoo.diloco_finding_text("{bpb:h10/outer_lr=0.7} {grad:h10/outer_lr=0.7} {mom:h10/outer_lr=0.7} "
+                                 "{amp:h10/outer_lr=0.7} {path:h10/outer_lr=0.7} {bpb:h50/outer_lr=0.7}", runs) == \
+      "3.900 2 5 3.5 14 not measured"
+  assert (tmp_path / "zoo_gpt_diloco.png").stat().st_size > 0
+
+
+def test_weak_row_findings_take_their_figures_from_the_diagnosis(tmp_path):
+  """A finding's {bpb:…}/{upd:…}/{res:…} come from the diagnosis runs, and a labelled row that does not
+  take its row's best diagnosis run is flagged."""
+  z = zoo.Zoo("configs/zoo_gpt.py", str(tmp_path))
+  diag = z.studies()["diagnose"]
+  norms = lambda u, r: {"update_norm": u, "residual_norm": r}
+  _fake_study_run(os.path.join(diag.runs_dir, "none", "paper"), 2.9, [norms(1.0, 0.0), norms(3.0, 0.0)])
+  labelled = {n: r["diagnosis"] for n, r in zoo_gpt.SETTINGS.items() if "diagnosis" in r}
+  assert labelled, "the weak rows have labelled rows"
+  name, taken = next(iter(labelled.items()))
+  owner = taken.split("/")[0]
+  other = next(label for label in zoo_gpt.DIAGNOSES[owner] if f"{owner}/{label}" != taken)
+  _fake_study_run(os.path.join(diag.runs_dir, taken), 3.1, [norms(0.5, 2.0)])
+  _fake_study_run(os.path.join(diag.runs_dir, owner, other), 3.0, [norms(0.5, 4.0)])
+  runs = zoo._study_runs(diag)
+  assert zoo.finding_text(f"{{bpb:{taken}}}, {{upd:none/paper}}, {{res:{owner}/{other}}}, {{bpb:x/y}}", runs) == \
+      "3.100, 2, 4, not measured"
+  text = "\n".join(zoo._language_findings(z, diag, str(tmp_path / "zoo_gpt.png"), str(tmp_path / "zoo.md"), 2.9))
+  assert f"the row's best diagnosis run is `{owner}/{other}`, not `{taken}`: update the row" in text
+  cells = row(table(text, "run", "mean ‖update‖ (× float's)"), run=f"`{taken}`")
+  assert cells["held-out bits per byte"] == "3.100" and cells["mean ‖update‖ (× float's)"] == "0.5 (0.25×)"
+
+
+def test_labelled_rows_are_timed_as_their_rows():
+  """A labelled row's link timing ends its row's warm-ups too (DGC's, timed at its final density)."""
+  z = zoo.Zoo("configs/zoo_gpt.py", "runs")
+  for name, row in zoo_gpt.SETTINGS.items():
+    if "diagnosis" in row:
+      owner = row["diagnosis"].split("/")[0]
+      assert row.get("timing") == zoo_gpt.SETTINGS[owner].get("timing"), name
+  assert z.timing_kwargs("dgc.density=0.1") == {"density": 0.1, "warmup_steps": 0}

@@ -41,6 +41,10 @@ Decisions (tested in ``tests/test_diloco.py``):
   updates: data-parallel training exactly when the inner optimizer is linear in the gradient
   (SGD), or when the workers' gradients agree; with AdamW and differing gradients the mean of
   normalised updates is not AdamW's update of the mean gradient.
+* **Norms** (:func:`jaxcomp.metrics`, :data:`NORMS`): on the outer step, the global L2 norms
+  of this worker's pseudo-gradient, of the averaged one, of the outer optimizer's state (its
+  momentum) after the step, and of the outer update; 0 on the silent inner steps, as the wire
+  counters are.
 * The branch is a ``lax.cond`` on the replicated inner-step counter, so the collectives run only
   on outer steps, on every worker alike (``vmap``, ``pmap``, ``shard_map`` and their mixes).
 
@@ -63,6 +67,24 @@ from jaxcomp import core
 from jaxcomp import hyperparams
 from jaxcomp import parallel
 from jaxcomp.compressors import local_steps as local_steps_lib
+
+
+# The outer step's norms (jaxcomp.metrics; 0 on the silent steps), each a mean over workers.
+NORMS = {
+    "diloco_pseudo_grad_norm": "‖Δ_i‖ of a worker's pseudo-gradient θ^(t−1) − θ_i^(t)",
+    "diloco_outer_grad_norm": "‖mean_i Δ_i‖ of the averaged pseudo-gradient the outer optimizer receives",
+    "diloco_outer_state_norm": "‖outer optimizer state‖ after the step (Nesterov SGD: its momentum)",
+    "diloco_outer_update_norm": "‖outer update‖ applied to the shared parameters",
+}
+
+
+def _norms(pseudo=None, averaged=None, outer_state=None, outer_updates=None) -> dict[str, jax.Array]:
+  """:data:`NORMS` of an outer step; zeros (a silent step, or the initial state) without arguments."""
+  trees = (pseudo, averaged, outer_state, outer_updates)
+  if pseudo is None:
+    return {k: jnp.zeros((), jnp.float32) for k in NORMS}
+  floats = lambda t: [x for x in jax.tree.leaves(t) if jnp.issubdtype(jnp.asarray(x).dtype, jnp.floating)]
+  return {k: optax.tree.norm(floats(t)).astype(jnp.float32) for k, t in zip(NORMS, trees)}
 
 
 class DiLoCoState(NamedTuple):
@@ -152,7 +174,7 @@ def diloco(
     return DiLoCoState(
         inner_step=jnp.zeros((), jnp.int32),
         offset=core.WorkerLocal(residual=jax.tree.map(lambda p: jnp.zeros(jnp.shape(p), jnp.float32), params),
-                                metrics={}),
+                                metrics=_norms()),
         inner=core.WorkerLocal(residual=inner.init(params), metrics={}),
         exchange=local_steps_lib.silence_wire(ex.init(params)),
         outer=outer.init(params),
@@ -167,14 +189,15 @@ def diloco(
       pseudo = jax.tree.map(lambda o, g: (-o).astype(g.dtype), offset, updates)  # θ^(t−1) − θ_i^(t)
       averaged, ex_state = ex.update(pseudo, ex_state, params, **extra_args)
       new_updates, outer_state = outer.update(averaged, outer_state, params, **extra_args)
-      return (new_updates, jax.tree.map(jnp.zeros_like, offset),
+      norms = _norms(pseudo, averaged, outer_state, new_updates)
+      return ((new_updates, norms), jax.tree.map(jnp.zeros_like, offset),
               local_steps_lib.traced_wire(ex_state), outer_state)
 
-    new_updates, offset, ex_state, outer_state = local_steps_lib.on_last_step(
+    (new_updates, norms), offset, ex_state, outer_state = local_steps_lib.on_last_step(
         h, state.inner_step, outer_step, (offset, state.exchange, state.outer))
     new_state = DiLoCoState(
         inner_step=(state.inner_step + 1) % h,
-        offset=core.WorkerLocal(residual=offset, metrics={}),
+        offset=core.WorkerLocal(residual=offset, metrics=norms),
         inner=core.WorkerLocal(residual=inner_state, metrics={}),
         exchange=ex_state,
         outer=outer_state,
