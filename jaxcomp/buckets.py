@@ -63,7 +63,7 @@ compressed bucket carries a sixteenth to a thirty-second of its float bytes
 (16 to 32 KiB), and the pipeline (:func:`_pipelined`) overlaps a bucket's
 transfer with the next ones' encoding only if there are several; over
 emulated links, ResNet-110's step was as fast or faster with 512 KiB as
-with larger buckets (docs/benchmarks.md, "Choices in the code"). The price is more collectives on large models
+with larger buckets (docs/design.md, "Choices in the code"). The price is more collectives on large models
 (GPT-2 small: several hundred a step), which fast interconnects may not
 repay: pass a larger ``bucket_bytes`` there.
 """
@@ -165,7 +165,7 @@ def _pipelined(steps: Sequence[Any], groups: Sequence[Sequence[int]], axis_name:
   ones' statistics are computed and the earlier ones decoded. With the
   agreement one bucket ahead, the wire waited for each next encoding; with
   every bucket's agreement in one collective, the first byte waited for every
-  bucket's statistics (docs/benchmarks.md, "Choices in the code").
+  bucket's statistics (docs/design.md, "Choices in the code").
 
   Who overlaps what: XLA:CPU has no scheduler for it; its runtime runs every
   operation whose inputs are ready on its thread pool, and a collective

@@ -87,7 +87,7 @@ def after(xs: Sequence[jax.Array], flag: jax.Array) -> list[jax.Array]:
   * a bucket's tensors after the previous bucket's check
     (:func:`jaxcomp.compress`): without, every bucket's first kernels (its
     residual add, its check, its statistics) run before the first collective
-    starts; with, the first bucket reaches the wire first (docs/benchmarks.md,
+    starts; with, the first bucket reaches the wire first (docs/design.md,
     "Choices in the code");
   * this worker's own decode after its bucket's encode
     (:func:`jaxcomp.parallel.bucket_exchange_steps`).
@@ -340,7 +340,7 @@ class BucketCompressor(Compressor):
     """A bucket's payload decoded plane by plane: ``layout.planes`` float32 arrays ``(chunks, CHUNK)``.
 
     Plane by plane because XLA:CPU vectorizes each plane's decode, but not one
-    loop over the planes stacked (docs/benchmarks.md, "Choices in the code").
+    loop over the planes stacked (docs/design.md, "Choices in the code").
     """
     raise NotImplementedError
 

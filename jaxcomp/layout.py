@@ -253,7 +253,7 @@ class Layout:
     a large reduction to a library that skips NaNs and reads a materialized
     input, so a NaN is found by a sum (of zeros and NaNs: exact in any order).
     Combining the planes first is faster than one plane, and both than the
-    fixed order of :meth:`tensor_sum` (docs/benchmarks.md, "Choices in the
+    fixed order of :meth:`tensor_sum` (docs/design.md, "Choices in the
     code"). The padding counts: pass values for which it is neutral (``|x|`` with zero
     padding: the maximum is ``≥ 0`` anyway).
     """

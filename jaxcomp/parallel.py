@@ -228,7 +228,7 @@ def all_to_all(tree: Any, axis_name: AxisName) -> Any:
 
 
 # XLA:CPU's collectives (gloo over TCP) move one large buffer well below the
-# link's rate, and pieces of at most 256 KiB at the wire's rate (docs/benchmarks.md,
+# link's rate, and pieces of at most 256 KiB at the wire's rate (docs/design.md,
 # "Choices in the code"). So on CPU the device collectives of the exchange go in pieces of at most
 # PIECE_BYTES per message. GPU and TPU collectives (NCCL, ICI) pipeline large
 # buffers themselves; there the plain single call is kept (one piece).
