@@ -333,7 +333,7 @@ def check_not_sharded(grads: Any) -> None:
           f"jaxcomp.per_shard(tx, {tuple(axes)!r}), which compresses each device's shard.")
 
 
-def check_one_worker(p: _Plan, state: CompressState) -> None:
+def check_one_worker(p: _Plan, residuals: list[Any], metrics: dict[str, Count]) -> None:
   """Refuses a state that still has its worker axis inside ``update`` (one worker's state is needed).
 
   A state laid out over workers (:func:`jaxcomp.parallel.replicate_workers`)
@@ -345,12 +345,11 @@ def check_one_worker(p: _Plan, state: CompressState) -> None:
   the axis the step's ``out_specs`` expect: a JAX error about jaxcomp's
   internals, or a silently wrong step. Here it is jaxcomp's own error.
   """
-  residuals = p.treedef.flatten_up_to(state.local.residual)
   paths = [path_str(k) for k, _ in jax.tree_util.tree_flatten_with_path(p.treedef.unflatten(p.leaves))[0]]
   wrong = [(path, jnp.shape(r), jnp.shape(g)) for path, r, g in zip(paths, residuals, p.leaves)
            if not isinstance(r, optax.MaskedNode) and jnp.shape(r) != jnp.shape(g)]
   # The standard counters are scalars on one worker (a compressor's own may count per chunk).
-  wrong += [(f"metrics/{k}", jnp.shape(leaf), ()) for k, c in state.local.metrics.items() if k in STANDARD_METRICS
+  wrong += [(f"metrics/{k}", jnp.shape(leaf), ()) for k, c in metrics.items() if k in STANDARD_METRICS
             for leaf in jax.tree.leaves(c) if jnp.ndim(leaf)]
   if wrong:
     path, got, want = wrong[0]
@@ -685,8 +684,8 @@ class _Compress:
     p = self.plan(updates)
     check_gradients_vary(updates, self.worker_axes + parallel.axis_names(self.within), self.compressor)
     check_not_sharded(updates)
-    check_one_worker(p, state)
     residuals = p.treedef.flatten_up_to(state.local.residual)
+    check_one_worker(p, residuals, state.local.metrics)
     inners = p.treedef.flatten_up_to(state.inner)
     shards = (p.treedef.flatten_up_to(state.shard.residual) if self.use_shard
               else [optax.MaskedNode()] * len(p.leaves))
