@@ -39,6 +39,7 @@ import jaxcomp
 from jaxcomp import data as jdata
 from jaxcomp import models
 from jaxcomp import parallel
+from jaxcomp.exchange import transport
 
 from benchmarks.compressors import VARIANTS
 from experiments.throughput import compressor_of
@@ -82,7 +83,7 @@ def wire_format(comp) -> str:
   """Field: dtype of the payload of a 1000-element tensor."""
   x = jnp.linspace(-1.0, 1.0, 1000).reshape(10, 100)
   if comp.custom_exchange:
-    payload = parallel.run(comp.exchange(x, jax.random.PRNGKey(0), None, comp.init_state(x.shape, jax.random.PRNGKey(0))), None).payload
+    payload = transport.run(comp.exchange(x, jax.random.PRNGKey(0), None, comp.init_state(x.shape, jax.random.PRNGKey(0))), None).payload
   else:
     payload = comp.encode(x, jax.random.PRNGKey(0), comp.agree(x))
   fields = getattr(payload, "_fields", None) or [str(i) for i in range(len(jax.tree.leaves(payload)))]

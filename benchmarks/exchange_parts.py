@@ -2,7 +2,7 @@ r"""Where an exchange's compute goes: each part of one tensor's exchange, timed 
 
 ``benchmarks/link.py`` times a whole ``tx.update`` over a link; what it
 measures beyond the wire time is compute. This script times the compute
-parts of the default exchange (:func:`jaxcomp.parallel.exchange`) for one
+parts of the default exchange (:func:`jaxcomp.exchange.allgather.exchange`) for one
 float32 tensor of ``--n`` values, each jitted alone, in one process and with
 no collective: ``agree`` (the local part of a pre-exchange agreement, e.g.
 TernGrad's max), ``encode``, ``decode`` of the worker's own payload (error

@@ -160,7 +160,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.workers = 8  # N simulated/real workers, laid over the available devices (vmap inside each)
   c.batch_size = 64  # the TOTAL batch per step over all workers (each worker: batch_size / workers)
   c.max_devices = 0  # use at most this many devices per process (0: all); workers are vmapped within each
-  # Hosts (jaxcomp.hierarchy): 0 (default), every worker compresses its own gradient, as the papers'
+  # Hosts (jaxcomp.exchange.hierarchy): 0 (default), every worker compresses its own gradient, as the papers'
   # N workers do. k > 0: the devices, process by process, form k hosts of equal size; the workers of
   # a host are averaged in float and only the hosts compress (k = the number of processes: one host
   # a process, its devices and vmapped workers behind a fast interconnect). Not the papers' setting.

@@ -1,6 +1,6 @@
 r"""Training with the two-phase exchange (this project's addition; TG-F3 and 3LC-T1 settings).
 
-The two-phase exchange (``exchange="two_phase"``, :mod:`jaxcomp.two_phase`)
+The two-phase exchange (``exchange="two_phase"``, :mod:`jaxcomp.exchange.two_phase`)
 reduces in a compressed all-to-all and re-encodes each worker's shard of the
 mean before a compressed all-gather, as Dryden et al. (MLHPC 2016, §3.4) and
 3LC (MLSys 2019, §3: compressed pushes and pulls) do, so that a worker's

@@ -44,7 +44,7 @@ def modelled_seconds(method: str, n: int, processes: int, link: str, latency: fl
   all-reduce; float for ``none``, else the method's exchange.
   """
   from jaxcomp import perfmodel  # pylint: disable=g-import-not-at-top
-  from jaxcomp import two_phase  # pylint: disable=g-import-not-at-top
+  from jaxcomp.exchange import plan  # pylint: disable=g-import-not-at-top
   rate = rate_bits_per_second(link)
   if not rate:
     return None
@@ -54,7 +54,7 @@ def modelled_seconds(method: str, n: int, processes: int, link: str, latency: fl
   costs = perfmodel.exchange_costs(compressor, n, processes, rate / 8, latency)
   if compressor is None:
     return costs["float"].seconds
-  used = two_phase.choose(compressor, n, processes, exchange)
+  used = plan.choose(compressor, n, processes, exchange)
   return (costs[used] or costs["all_gather"]).seconds
 
 

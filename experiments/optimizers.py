@@ -114,7 +114,7 @@ def make_tx(config: ml_collections.ConfigDict, axis_name) -> optax.GradientTrans
   """The whole chain: ``config.compressor``'s exchange over ``axis_name``, then the optimizer.
 
   With a ``"hosts"`` axis (``config.hosts``) the exchange is hierarchical: compressed over
-  ``"hosts"``, a float mean over the others (``within``, :mod:`jaxcomp.hierarchy`).
+  ``"hosts"``, a float mean over the others (``within``, :mod:`jaxcomp.exchange.hierarchy`).
   """
   kwargs = dict(config.compressor_kwargs.to_dict())
   names = parallel.axis_names(axis_name)

@@ -10,7 +10,7 @@ into T(1,1,K), and evaluates Eq. 29-30 (weak scaling, Fig. 5) or Eq. 27-28
 for every GPU count on every cluster. TernGrad is charged three ways: the
 paper's own charge (every hop moves the payload ``P``), and the two exchanges
 jaxcomp runs, the compressed all-gather and the two-phase exchange
-(:mod:`jaxcomp.two_phase`), each as the float ``|g|`` scaled by the bytes a
+(:mod:`jaxcomp.exchange.two_phase`), each as the float ``|g|`` scaled by the bytes a
 worker receives in that exchange over the bytes it receives in a float ring
 all-reduce (:func:`charged_bytes`). It also solves, from the same byte
 functions, the worker count at which the compressed all-gather starts to
@@ -35,7 +35,9 @@ from absl import flags
 from jaxcomp import core
 from jaxcomp import models as models_lib
 from jaxcomp import perfmodel as pm
-from jaxcomp import two_phase
+from jaxcomp.exchange import plan
+from jaxcomp.exchange import transport
+from jaxcomp.exchange import two_phase
 from jaxcomp.compressors.qsgd import QSGD
 from jaxcomp.compressors.qsgd import levels_for_bits
 from jaxcomp.compressors.terngrad import TernGrad
@@ -92,13 +94,11 @@ def received_bytes(compressor: core.Compressor, n: int, workers: int, exchange: 
 
   ``exchange``: ``"float"`` (a float32 ring all-reduce), ``"all_gather"`` or
   ``"two_phase"`` (a tensor too small to split falls back to the all-gather,
-  as :func:`jaxcomp.two_phase.choose` does).
+  as :func:`jaxcomp.exchange.plan.choose` does).
   """
   if exchange == "float" or workers < 2:
-    return two_phase.allreduce_received(4 * n, workers)
-  if two_phase.choose(compressor, n, workers, exchange) == "two_phase":
-    return two_phase.two_phase_bytes(compressor, n, workers).received
-  return two_phase.all_gather_bytes(compressor, n, workers).received
+    return transport.allreduce_received(4 * n, workers)
+  return plan.traffic(compressor, n, workers, plan.choose(compressor, n, workers, exchange)).received
 
 
 def tensor_sizes(params, keep_float) -> list[tuple[int, bool]]:
@@ -166,7 +166,7 @@ def break_even_workers(compressor: core.Compressor, n: int, limit: int = 1 << 24
 
 def two_phase_vs_float(compressor: core.Compressor, n: int, workers: list[int]) -> dict:
   """The two-phase exchange against the float ring at each of ``workers`` where it splits ``n``
-  values (:func:`jaxcomp.two_phase.split`): the largest ratio of received bytes, and the first
+  values (:func:`jaxcomp.exchange.two_phase.split`): the largest ratio of received bytes, and the first
   ``N`` (if any) at which two-phase receives more. Past ``n / alignment`` workers the tensor is
   too small to split and jaxcomp falls back to the all-gather; those ``N`` are listed apart."""
   split = [w for w in workers if two_phase.split(compressor, n, w) is not None]
@@ -193,7 +193,7 @@ def break_even_table(config, models: dict) -> dict:
       per_model[name] = {"n": n, "all_gather_break_even_workers": w,
                          "all_gather_over_float_at_break_even": ratio(w) if w else None,
                          "all_gather_over_float_before": ratio(w - 1) if w and w > 2 else None,
-                         "payload_bytes": two_phase.all_gather_bytes(comp, n, 2).handed,
+                         "payload_bytes": plan.traffic(comp, n, 2, "all_gather").sent,
                          "two_phase": two_phase_vs_float(comp, n, grid)}
     out[key] = {"label": spec["label"], "compressor": spec["compressor"], "kwargs": dict(spec["kwargs"]),
                 "models": per_model}

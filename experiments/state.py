@@ -49,7 +49,7 @@ def make_mesh(workers: int, max_devices: int = 0, hosts: int = 0) -> jax.shardin
   process by process, so process ``p`` holds the ``p``-th contiguous block of
   workers: the examples of the ``p``-th slice of every global batch. With
   ``hosts`` > 0 the devices are cut, in that order, into that many hosts of
-  equal size (``config.hosts``, :mod:`jaxcomp.hierarchy`).
+  equal size (``config.hosts``, :mod:`jaxcomp.exchange.hierarchy`).
   """
   by_process: dict[int, list[Any]] = {}
   for dev in sorted(jax.devices(), key=lambda d: (d.process_index, d.id)):

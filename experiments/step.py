@@ -27,6 +27,7 @@ from experiments import optimizers
 from experiments.state import TrainState
 import jaxcomp
 from jaxcomp import parallel
+from jaxcomp.exchange import transport
 
 
 
@@ -126,8 +127,6 @@ def make_train_step(config, model, tx, mesh, num_classes, bn_template, *, donate
   """
   parallel_step = jaxcomp.data_parallel(make_worker_step(config, model, tx, mesh, num_classes, bn_template),
                                         tx, mesh=mesh, workers=config.workers)
-  bn_bytes = jaxcomp.core.tree_nbytes(bn_template)
-
   @functools.partial(jax.jit, donate_argnums=(0,) if donate else ())
   def step(state: TrainState, images, labels, key):
     keys = worker_keys(key, config.workers)
@@ -140,10 +139,19 @@ def make_train_step(config, model, tx, mesh, num_classes, bn_template, *, donate
     new_state = TrainState(state.step + 1, params, batch_stats, opt_state, ema)
     metrics = {k: jnp.mean(v) for k, v in m.items()}
     metrics.update(jaxcomp.metrics(opt_state))
-    metrics["bn_stats_bytes"] = jnp.float32(bn_bytes)
     return new_state, metrics
 
   return step
+
+
+def share_batch_stats(config, batch_stats):
+  """The workers' batch-norm statistics made one (a message, counted by the transport as ``bn_stats_bytes``).
+
+  ``config.batch_norm_stats``: ``"mean"`` averages them; otherwise worker 0's are every worker's.
+  """
+  if config.batch_norm_stats == "mean":
+    return (yield jaxcomp.core.Message("mean", batch_stats))
+  return jax.tree.map(lambda a: a[0], (yield jaxcomp.core.Message("gather", batch_stats)))
 
 
 def worker_keys(key, workers):
@@ -167,13 +175,12 @@ def make_worker_step(config, model, tx, mesh, num_classes, bn_template):
     updates, opt_state = tx.update(grads, opt_state, params)
     extra = norms(grads, updates, opt_state, every) if config.get("log_norms", False) else {}
     params = optax.apply_updates(params, updates)
+    bn_traffic = transport.Traffic()
     if has_bn:
-      if config.batch_norm_stats == "mean":
-        batch_stats = parallel.pmean(new_vars["batch_stats"], every)
-      else:
-        batch_stats = jax.tree.map(lambda a: a[0], parallel.all_gather(new_vars["batch_stats"], every))
+      batch_stats = transport.run(share_batch_stats(config, new_vars["batch_stats"]), every, bn_traffic)
     acc = jnp.mean(jnp.argmax(logits, -1) == labels)
-    return (params, batch_stats), opt_state, {"loss": loss, "accuracy": acc, **extra}
+    return (params, batch_stats), opt_state, {"loss": loss, "accuracy": acc,
+                                              "bn_stats_bytes": jnp.float32(int(bn_traffic.sent)), **extra}
 
   return worker
 

@@ -20,6 +20,7 @@ import jaxcomp
 from jaxcomp import core
 from jaxcomp import parallel
 from jaxcomp import transforms
+from jaxcomp.exchange import transport
 
 
 def compressor_of(name: str, **kwargs: Any) -> core.Compressor:
@@ -68,7 +69,7 @@ def bench_one(comp: core.Compressor, x: jax.Array, key: jax.Array, copy: Callabl
   if comp.custom_exchange:
     state = comp.init_state(shape, jax.random.PRNGKey(1))
     # The payload is an output too, so XLA cannot drop the encoding work the mean does not need.
-    ex = jax.jit(lambda x, k, s: (lambda e: (e.mean, e.payload, e.state))(parallel.run(comp.exchange(x, k, None, s), None)))
+    ex = jax.jit(lambda x, k, s: (lambda e: (e.mean, e.payload, e.state))(transport.run(comp.exchange(x, k, None, s), None)))
     steps = {"total_s": lambda: ex(x, key, state)}
     payload_bytes = float("nan")
   else:

@@ -24,7 +24,7 @@ from, and the modules ``core`` (the compressor protocol), ``parallel``
 from jaxcomp import codecs
 from jaxcomp import core
 from jaxcomp import flax_nnx
-from jaxcomp import hierarchy
+from jaxcomp.exchange import hierarchy
 from jaxcomp import models
 from jaxcomp import parallel
 from jaxcomp import rng

@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxcomp import layout as layout_lib
+from jaxcomp.exchange import layout as layout_lib
 from jaxcomp.count import Count
 
 Shape = tuple[int, ...]
@@ -90,7 +90,7 @@ def after(xs: Sequence[jax.Array], flag: jax.Array) -> list[jax.Array]:
     starts; with, the first bucket reaches the wire first (docs/design.md,
     "Choices in the code");
   * this worker's own decode after its bucket's encode
-    (:func:`jaxcomp.parallel.bucket_exchange_steps`).
+    (:func:`jaxcomp.exchange.allgather.bucket_exchange_steps`).
 
   On GPU, where kernels of one stream run in order anyway, it changes nothing
   but the order in which they are issued. The plain form is ``xs`` itself.
@@ -202,12 +202,12 @@ class Compressor:
   def exchange(self, x: jax.Array, key: jax.Array, axis_name: Any, state: Any) -> "Exchanged":
     """A whole exchange, for compressors with ``custom_exchange = True``.
 
-    Either a generator that yields a :class:`Message` per collective round and
-    returns an :class:`Exchanged` (then its rounds are fused with the other
-    tensors' in a bucket), or a plain function that calls
-    :mod:`jaxcomp.parallel` collectives over ``axis_name`` itself and returns
-    an :class:`Exchanged` (then it runs on its own). ``axis_name`` may be
-    ``None``: one worker.
+    A generator that yields a :class:`Message` per collective round and
+    returns an :class:`Exchanged`: the transport runs the rounds (fused with
+    the other tensors' in a bucket) and counts their bytes. A round that runs
+    only sometimes is a message with ``when``. ``axis_name`` may be ``None``
+    (one worker): the messages are still yielded, delivered locally and
+    counted as sent.
     """
     raise NotImplementedError
 
@@ -215,18 +215,7 @@ class Compressor:
     """Raises a clear error if this compressor cannot handle such a tensor."""
     del shape, dtype
 
-  def received_bytes(self, wire_bytes: Any, workers: int) -> Optional[Any]:
-    """Bytes that reach one worker in :meth:`exchange` (``custom_exchange``), handing ``wire_bytes``.
-
-    ``None`` (the default): every byte handed goes to an all-gather, so
-    ``(workers − 1)·wire_bytes`` arrive (3LC's zero-run rounds). A compressor
-    whose exchange all-reduces says what a ring's all-reduce receives
-    (PowerSGD, half precision).
-    """
-    del wire_bytes, workers
-    return None
-
-  # -- the two-phase exchange (jaxcomp.two_phase); each has a default -----------
+  # -- the two-phase exchange (jaxcomp.exchange.two_phase); each has a default -----------
 
   def chunk_block(self) -> Optional[int]:
     """Values that a chunk of the two-phase exchange keeps whole (QSGD: a bucket of norms), or ``None``."""
@@ -254,7 +243,7 @@ class Compressor:
 
   # -- encoding a bucket at once (bucket_encode = True) -----------------------
 
-  planes: ClassVar[int] = 1  # rows of the bucket's layout (jaxcomp.layout): the codec's planes
+  planes: ClassVar[int] = 1  # rows of the bucket's layout (jaxcomp.exchange.layout): the codec's planes
 
   def payload_struct(self, n: int) -> Payload:
     """The payload of a tensor of ``n`` values, as ``jax.ShapeDtypeStruct`` s (static)."""
@@ -280,7 +269,7 @@ class Compressor:
 
     Returns the bucket's payload: each array the tensors' own arrays
     (:meth:`payload_struct`) flattened and laid end to end, bit for bit what
-    :meth:`encode` of each would return (:func:`jaxcomp.layout.payload_parts`
+    :meth:`encode` of each would return (:func:`jaxcomp.exchange.layout.payload_parts`
     cuts it). Per-tensor parameters are computed per tensor; the elementwise
     work runs once over ``layout`` (its ``planes`` rows are the codec's planes).
     """
@@ -378,10 +367,11 @@ class Message(NamedTuple):
 
   Exchanges are written as generators that ``yield`` messages and receive the
   collective's result back (``gathered = yield Message("gather", payload)``);
-  the transport (:func:`jaxcomp.parallel.run`, one tensor at a time, or
-  :func:`jaxcomp.buckets.run`, a bucket's tensors in lockstep with one fused
-  collective per kind) decides how they travel. The result is the same
-  either way, bit for bit: every kind acts element by element.
+  the transport (:func:`jaxcomp.exchange.transport.run`, one tensor at a time,
+  or :func:`jaxcomp.exchange.buckets.run`, a bucket's tensors in lockstep with
+  one fused collective per kind) decides how they travel and counts their
+  bytes. The result is the same either way, bit for bit: every kind acts
+  element by element.
 
   Kinds:
     ``"gather"``: every array with a new leading worker axis (``all_gather``);
@@ -392,6 +382,12 @@ class Message(NamedTuple):
 
   kind: str
   tree: Any
+  # A boolean the same on every worker: the collective runs, and its bytes count, only where it
+  # holds (a fallback round inside a lax.cond). None: always.
+  when: Optional[Any] = None
+  # The exact bytes of a variable-length encoding of ``tree`` (an int, integer array or Count), counted
+  # as ``encoded_bytes`` instead of its arrays' size; None: the arrays are their own encoding.
+  encoded: Optional[Any] = None
 
 
 MESSAGE_KINDS = ("gather", "max", "sum", "mean", "all_to_all")
@@ -402,8 +398,7 @@ class Exchanged(NamedTuple):
 
   mean: jax.Array  # float32, the average over workers of the decoded tensors
   own: Optional[jax.Array]  # float32, what this worker's own message decodes to (error feedback), or None if not asked for
-  payload: Payload  # this worker's message, for encoded_bytes / extra_metrics
-  wire_bytes: Any  # bytes this worker handed to collectives: a Python int, or a Count when a collective runs conditionally (3LC's zero-run fallback)
+  payload: Payload  # this worker's message, for extra_metrics and tensor_metrics (its bytes: the transport counts them)
   state: Any  # the new per-tensor state (Compressor.init_state), None if none
   metrics: Optional[dict[str, jax.Array]] = None  # counters as encode_with_metrics returns them
 

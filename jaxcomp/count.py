@@ -96,6 +96,15 @@ class Count:
     hi, lo = _words(self.static)
     return Count(hi=hi, lo=lo) + (Count() if self.is_static else dataclasses.replace(self, static=0))
 
+  def where(self, pred: Any) -> "Count":
+    """This count where the boolean ``pred`` holds, else 0 (traced form; exact at any size: each word is gated).
+
+    A collective inside a ``lax.cond`` (a fallback round) moves its bytes only where its branch runs.
+    """
+    on = jnp.asarray(pred).astype(jnp.uint32)
+    t = self.traced()
+    return Count(hi=on * t.hi, lo=on * t.lo)
+
   def zeros_like(self) -> "Count":
     """Zero, with the traced form (see :meth:`traced`)."""
     t = self.traced()

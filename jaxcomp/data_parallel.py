@@ -40,7 +40,7 @@ same axes):
   ``axis_name``;
 * ``mesh=``: one worker per device, ``shard_map`` over the mesh's axes (a tuple:
   workers numbered major to minor). A compressor with ``within=`` (hosts of
-  devices, :mod:`jaxcomp.hierarchy`) names part of them; a chain wrapped in
+  devices, :mod:`jaxcomp.exchange.hierarchy`) names part of them; a chain wrapped in
   :func:`jaxcomp.per_shard` leaves its model axes out (the workers are over
   the others, each worker's devices splitting the model). A mesh over the
   devices of several processes (``jax.distributed``) is laid out the same

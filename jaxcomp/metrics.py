@@ -47,9 +47,9 @@ def metrics(opt_state: Any) -> dict[str, Union[Count, jax.Array]]:
     for the all-gather, not for the two-phase exchange.
   * ``two_phase_tensors`` (transforms with ``exchange="two_phase"`` or
     ``"auto"``): the tensors that took the two-phase exchange
-    (:mod:`jaxcomp.two_phase`); with ``tensor_metrics``, ``two_phase:<path>``
+    (:mod:`jaxcomp.exchange.two_phase`); with ``tensor_metrics``, ``two_phase:<path>``
     per matched tensor.
-  * ``local_bytes`` (transforms with ``within``, :mod:`jaxcomp.hierarchy`):
+  * ``local_bytes`` (transforms with ``within``, :mod:`jaxcomp.exchange.hierarchy`):
     bytes this device handed to the collectives inside its host (the float
     reduce-scatter and all-gathers); then every other counter is this
     device's, over its slices of the tensors, and ``bytes_on_wire`` counts

@@ -1,13 +1,7 @@
-"""Compressed exchange over a named worker axis.
+"""Named worker axes: their collectives, and optimizer states laid out over them.
 
-The exchange of one tensor, on every worker::
-
-    agreed  = pmax(compressor.agree(x))          # optional pre-exchange agreement
-    payload = compressor.encode(x, key, agreed)   # packed integer codes + scales
-    gathered = all_gather(payload)                # the wire: N payloads
-    mean    = compressor.aggregate(gathered)      # decode every payload, average
-
-Only named-axis collectives are used, so the same code runs under
+The exchange itself (:mod:`jaxcomp.exchange`) uses only the named-axis
+collectives of this module, so the same code runs under
 
 * ``jax.vmap(..., axis_name="workers")``: N simulated workers on one device,
 * ``jax.pmap(..., axis_name="workers")`` (legacy, still supported),
@@ -30,7 +24,6 @@ in JAX 0.10 (its varying-axes check does not know vmap axis names).
 
 from __future__ import annotations
 
-import inspect
 from typing import Any, Optional, Sequence, Union
 
 import jax
@@ -39,7 +32,6 @@ from jax import lax
 import optax
 
 from jaxcomp import core
-from jaxcomp import layout as layout_lib
 
 AxisName = Union[None, str, Sequence[str]]
 
@@ -351,166 +343,6 @@ def psum(tree: Any, axis_name: AxisName) -> Any:
   all-reduce would move float32).
   """
   return _reduce("sum", tree, axis_name)
-
-
-def deliver(message: core.Message, axis_name: AxisName) -> Any:
-  """Runs one :class:`~jaxcomp.core.Message`'s collective over ``axis_name`` and returns its result.
-
-  With no worker axis (``None``): a gather adds a worker axis of 1, the
-  reductions and the all-to-all return the tree as it is.
-  """
-  kind, tree = message
-  if kind == "gather":
-    return all_gather(tree, axis_name)
-  if kind == "all_to_all":
-    return all_to_all(tree, axis_name)
-  if kind in ("max", "sum", "mean"):
-    return _reduce(kind, tree, axis_name) if axis_names(axis_name) else tree
-  raise ValueError(f"unknown message kind {kind!r}; expected one of {core.MESSAGE_KINDS}.")
-
-
-def run(steps: Any, axis_name: AxisName) -> Any:
-  """Runs one exchange on its own: every message it yields goes through its own collective.
-
-  ``steps`` is a generator that yields :class:`~jaxcomp.core.Message` s and
-  returns its result (see :func:`exchange_steps`), or an already computed
-  result (an exchange written as a plain function), which is returned as it
-  is. :func:`jaxcomp.buckets.run` runs several exchanges with their messages
-  fused instead.
-  """
-  if not inspect.isgenerator(steps):
-    return steps
-  message, result = advance(steps, None)
-  while message is not None:
-    message, result = advance(steps, deliver(message, axis_name))
-  return result
-
-
-def advance(steps: Any, reply: Any) -> tuple[Optional[core.Message], Any]:
-  """Hands ``reply`` to exchange ``steps``: ``(its next message, None)``, or ``(None, its result)`` at the end."""
-  try:
-    return steps.send(reply), None
-  except StopIteration as done:
-    return None, done.value
-
-
-def exchange_steps(
-    compressor: core.Compressor,
-    x: jax.Array,
-    key: jax.Array,
-    axis_name: AxisName,
-    state: Any = None,
-    *,
-    need_own: bool = False,
-):
-  """The default exchange of one tensor as a generator of messages (see :func:`exchange`)."""
-  shape = x.shape
-  agreed = compressor.agree(x)
-  agreement_bytes = 0
-  if agreed is not None:
-    agreement_bytes = core.tree_nbytes(agreed) if axis_names(axis_name) else 0
-    agreed = (yield core.Message("max", agreed)) if axis_names(axis_name) else agreed
-  payload, metrics = compressor.encode_with_metrics(x, key, agreed)
-  # The payload has several consumers (the collective, this worker's own
-  # decode). Without the barrier XLA may fuse the encoder into each of them and
-  # run it once per consumer. The barrier prevents that, although it is gone
-  # from the compiled program; it does not cut a producer from the fusion of a
-  # single consumer (that is what jaxcomp.layout.materialize is for).
-  payload = lax.optimization_barrier(payload)
-  wire = core.tree_nbytes(payload) + agreement_bytes
-  if not axis_names(axis_name):
-    own = compressor.decode(payload, shape)
-    return core.Exchanged(own, own if need_own else None, payload, wire, state, metrics)
-  own = compressor.decode(payload, shape) if need_own else None
-  mean = compressor.aggregate((yield core.Message("gather", payload)), shape)
-  return core.Exchanged(mean, own, payload, wire, state, metrics)
-
-
-def bucket_exchange_steps(
-    compressor: core.Compressor,
-    xs: Sequence[jax.Array],
-    keys: jax.Array,
-    axis_name: AxisName,
-    *,
-    layout: layout_lib.Layout,
-    need_own: bool = False,
-):
-  """The default exchange of a bucket of tensors, each encode and decode run once for all (messages).
-
-  For a compressor with ``bucket_encode`` (:class:`~jaxcomp.core.BucketCompressor`),
-  tensors ``xs`` with their keys stacked in ``keys``:
-  every tensor's agreement (one message), one :meth:`~jaxcomp.core.Compressor.encode_bucket`
-  over the bucket's layout (:mod:`jaxcomp.layout`), one gather of the bucket's
-  payload and one aggregate; for error feedback, each tensor's own payload is
-  decoded alone (see the comment below). ``layout`` is the bucket's layout in
-  the compressor's planes, which may carry the bucket's input joined
-  (:meth:`~jaxcomp.layout.Layout.joined_input`). Returns one :class:`~jaxcomp.core.Exchanged` per tensor, with
-  the numbers and bytes of :func:`exchange_steps` on that tensor alone: the
-  bucket's payload is its tensors' payloads end to end, and its elementwise
-  work is theirs (a bucket of one is the per-tensor exchange).
-  """
-  shapes = [x.shape for x in xs]
-  sizes = [core.size_of(s) for s in shapes]
-  flats = [x.reshape(-1) for x in xs]
-  agreed = compressor.agree_bucket(flats, layout)
-  agreement_bytes = [0] * len(xs)
-  if agreed is not None and axis_names(axis_name):  # one message of every tensor's values: the maximum is elementwise
-    agreement_bytes = [core.tree_nbytes(jax.tree.map(lambda a: a[0], agreed))] * len(xs)  # a row each
-    agreed = yield core.Message("max", agreed)
-  payload = compressor.encode_bucket(flats, keys, agreed, layout)
-  payload = lax.optimization_barrier(payload)  # as in exchange_steps: encoded once, for every consumer
-  structs = [compressor.payload_struct(n) for n in sizes]
-  parts = layout_lib.payload_parts(payload, structs)
-  wires = [core.tree_nbytes(st) + a for st, a in zip(structs, agreement_bytes)]
-  own = [None] * len(xs)
-  if need_own:
-    # Each tensor's own decode stays per tensor: the residual x − own fuses with it, and XLA:CPU
-    # contracts that product and difference into a fused multiply-add where they share a loop; a
-    # bucket-wide decode would be a loop of its own in some buckets and not in others, and a
-    # tensor's residual must not depend on its bucket. A compressor whose decode is exact
-    # computes it from the tensor (own_bucket: 3LC's round(x/m)·m); otherwise its part is decoded.
-    # Either way after the encode: the wire waits for the encode, not for this.
-    filled = [a for a in jax.tree.leaves(payload) if a.size]
-    own = compressor.own_bucket(core.after(flats, filled[0].reshape(-1)[0] != 0) if filled else flats,
-                                payload, layout)
-    own = ([compressor.decode(part, s) for part, s in zip(parts, shapes)] if own is None
-           else [o.reshape(s) for o, s in zip(own, shapes)])
-  encoded = compressor.encoded_bytes_bucket(payload, layout)  # every tensor's, in one pass
-  metrics = [{} if encoded is None else {"encoded_bytes": encoded[i]} for i in range(len(xs))]
-  if not axis_names(axis_name):  # one worker: the mean is its own bucket decoded
-    means = [m.reshape(s) for m, s in zip(compressor.decode_bucket(payload, layout), shapes)]
-  else:
-    gathered = yield core.Message("gather", payload)
-    means = [m.reshape(s) for m, s in zip(compressor.aggregate_bucket(gathered, layout), shapes)]
-  return [core.Exchanged(m, o, p, w, None, c) for m, o, p, w, c in zip(means, own, parts, wires, metrics)]
-
-
-def exchange(compressor: core.Compressor, x: jax.Array, key: jax.Array, axis_name: AxisName,
-             state: Any = None, *, need_own: bool = False) -> core.Exchanged:
-  """Compresses ``x`` on every worker and returns the mean of all workers.
-
-  The default exchange of one tensor: agree, encode, ``all_gather``,
-  aggregate (see the module docstring). It has the signature of
-  :meth:`Compressor.exchange <jaxcomp.core.Compressor.exchange>` with the
-  compressor in front, so :func:`jaxcomp.compress` calls either the same way.
-
-  Args:
-    compressor: the per-tensor compressor.
-    x: this worker's tensor, float32.
-    key: this worker's key for this tensor and step.
-    axis_name: the worker axis (``None``: a single worker, quantize and
-      dequantize locally).
-    state: the compressor's per-tensor state; passed through unchanged.
-    need_own: also return ``decode(own payload)`` (error feedback needs it).
-
-  Returns:
-    A :class:`~jaxcomp.core.Exchanged`: the float32 mean of every worker's
-    decoded tensor, this worker's own decoded tensor (``None`` unless
-    ``need_own``), its payload, the static number of bytes this worker handed
-    to collectives (payload plus agreement), ``state``, and the counters of
-    :meth:`Compressor.encode_with_metrics`.
-  """
-  return run(exchange_steps(compressor, x, key, axis_name, state, need_own=need_own), axis_name)
 
 
 # -- laying optimizer states over workers -----------------------------------

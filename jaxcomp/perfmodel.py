@@ -42,7 +42,7 @@ inputs live in ``configs/terngrad_perfmodel.py``.
 A second, simpler model compares the exchanges of one tensor on a link of
 bandwidth ``B`` and latency ``α`` (:func:`exchange_costs`): the float ring
 all-reduce, the compressed all-gather and the compressed two-phase exchange
-(:mod:`jaxcomp.two_phase`), with the bytes each worker receives taken from
+(:mod:`jaxcomp.exchange.two_phase`), with the bytes each worker receives taken from
 the compressors' real payloads.
 
 References:
@@ -239,7 +239,7 @@ def model_stats(model: nn.Module, image_size: int = 224) -> dict[str, Any]:
 # * float ring all-reduce of ``4n`` bytes: a reduce-scatter and an all-gather ring,
 #   ``2(N−1)`` steps of ``4n/N``: ``2(N−1)/N·4n`` bytes, ``2(N−1)α + 2(N−1)/N·4n/B``;
 # * compressed all-gather of ``P``-byte payloads (ring): ``(N−1)·P`` bytes, ``(N−1)α + (N−1)P/B``;
-# * compressed two-phase (:mod:`jaxcomp.two_phase`): a pairwise all-to-all of ``N − 1``
+# * compressed two-phase (:mod:`jaxcomp.exchange.two_phase`): a pairwise all-to-all of ``N − 1``
 #   chunk payloads ``p1``, then a ring all-gather of ``N − 1`` shard payloads ``p2``:
 #   ``(N−1)(p1 + p2)`` bytes, ``2(N−1)α + (N−1)(p1 + p2)/B``.
 #
@@ -258,9 +258,9 @@ class ExchangeCost:
 
 def ring_allreduce_cost(nbytes: int, workers: int, bandwidth: float, latency: float) -> ExchangeCost:
   """A float ring all-reduce of ``nbytes``: ``2(N−1)/N·nbytes`` in ``2(N−1)`` steps."""
-  from jaxcomp import two_phase  # pylint: disable=g-import-not-at-top
+  from jaxcomp.exchange import transport  # pylint: disable=g-import-not-at-top
 
-  b = two_phase.allreduce_received(nbytes, workers)
+  b = transport.allreduce_received(nbytes, workers)
   steps = 2 * (workers - 1)
   return ExchangeCost(bytes=b, seconds=steps * latency + b / bandwidth)
 
@@ -274,9 +274,9 @@ def _agreement(compressor: core.Compressor, workers: int) -> int:
 def all_gather_cost(compressor: core.Compressor, n: int, workers: int, bandwidth: float,
                     latency: float) -> ExchangeCost:
   """The compressed all-gather of a tensor of ``n`` values: ``(N−1)·P`` bytes in ``N − 1`` steps."""
-  from jaxcomp import two_phase  # pylint: disable=g-import-not-at-top
+  from jaxcomp.exchange import plan  # pylint: disable=g-import-not-at-top
 
-  b = two_phase.all_gather_bytes(compressor, n, workers).received
+  b = plan.traffic(compressor, n, workers, "all_gather").received
   steps = (workers - 1) * (1 + 2 * _agreement(compressor, workers))
   return ExchangeCost(bytes=b, seconds=steps * latency + b / bandwidth)
 
@@ -284,11 +284,12 @@ def all_gather_cost(compressor: core.Compressor, n: int, workers: int, bandwidth
 def two_phase_cost(compressor: core.Compressor, n: int, workers: int, bandwidth: float,
                    latency: float) -> Optional[ExchangeCost]:
   """The compressed two-phase exchange: ``(N−1)(p1 + p2)`` bytes in ``2(N−1)`` steps (``None``: too small)."""
-  from jaxcomp import two_phase  # pylint: disable=g-import-not-at-top
+  from jaxcomp.exchange import plan  # pylint: disable=g-import-not-at-top
+  from jaxcomp.exchange import two_phase  # pylint: disable=g-import-not-at-top
 
-  tp = two_phase.two_phase_bytes(compressor, n, workers)
-  if tp is None:
+  if two_phase.unsupported(compressor) or two_phase.split(compressor, n, workers) is None:
     return None
+  tp = plan.traffic(compressor, n, workers, "two_phase")
   steps = (workers - 1) * (2 + 2 * _agreement(compressor, workers))
   return ExchangeCost(bytes=tp.received, seconds=steps * latency + tp.received / bandwidth)
 

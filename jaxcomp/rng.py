@@ -92,7 +92,7 @@ def hash_bits24_at(k: jax.Array, s0: jax.Array, s1: jax.Array) -> jax.Array:
   Elementwise over ``uint32`` arrays of one shape (or scalars): a bucket of
   tensors draws each tensor's numbers as the tensor would alone by passing
   every value's index within its tensor and that tensor's seed
-  (:mod:`jaxcomp.layout`).
+  (:mod:`jaxcomp.exchange.layout`).
   """
   x = (k ^ s0) * jnp.uint32(_GOLDEN)
   x = (x ^ (x >> 15)) * (s1 | jnp.uint32(1))

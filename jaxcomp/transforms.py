@@ -21,13 +21,13 @@ compressor shares:
 An update is a sequence of named steps, per tensor: add the residual
 (:func:`add_residual`), set aside non-finite input (:func:`set_aside_nonfinite`,
 :func:`agree_on_nonfinite`, in the exchange's messages), skip (:func:`send_float`) or exchange (agree,
-encode, all_gather, decode: :func:`jaxcomp.parallel.exchange`, or the
+encode, all_gather, decode: :func:`jaxcomp.exchange.allgather.exchange`, or the
 compressor's own :meth:`~jaxcomp.core.Compressor.exchange`), carry the
 residual (:func:`carry_residual`), count (:func:`count_tensor`,
 :func:`count_all`). The exchange is the one step that differs between
 exchange schemes: ``exchange="all_gather"`` (every worker gathers every
 payload), ``"two_phase"`` (a compressed reduce-scatter and all-gather,
-:mod:`jaxcomp.two_phase`) or ``"auto"`` (per tensor, whichever receives fewer
+:mod:`jaxcomp.exchange.two_phase`) or ``"auto"`` (per tensor, whichever receives fewer
 bytes for the axis size, decided at trace time).
 
 With ``axis_name=None`` the transform quantizes and dequantizes locally (one
@@ -48,15 +48,17 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxcomp import buckets
 from jaxcomp import core
-from jaxcomp import hierarchy
-from jaxcomp import layout as layout_lib
 from jaxcomp import parallel
-from jaxcomp import rng
 from jaxcomp import sharded
-from jaxcomp import two_phase
 from jaxcomp.count import Count
+from jaxcomp.exchange import allgather
+from jaxcomp.exchange import buckets
+from jaxcomp.exchange import hierarchy
+from jaxcomp.exchange import layout as layout_lib
+from jaxcomp.exchange import plan as plan_lib
+from jaxcomp.exchange import transport
+from jaxcomp.exchange import two_phase
 
 NonFinitePolicy = Literal["propagate", "zero"]
 SkipSpec = Union[None, Any, Callable[[Any], Any]]
@@ -80,7 +82,7 @@ class CompressState(NamedTuple):
   key: jax.Array  # PRNG key, identical on every worker
   inner: Any  # per-tensor compressor states (Compressor.init_state), identical on every worker
   local: core.WorkerLocal
-  # The two-phase exchange's shard residuals (jaxcomp.two_phase: full-size, params-shaped;
+  # The two-phase exchange's shard residuals (jaxcomp.exchange.two_phase: full-size, params-shaped;
   # MaskedNode where there is none), or None with exchange="all_gather" or no error feedback.
   shard: Optional[core.WorkerLocal] = None
 
@@ -192,7 +194,7 @@ def _pass_through_skipped_nonfloat(
 
 def _metric_keys(compressor: Optional[core.Compressor], exchange: str = "all_gather") -> tuple[str, ...]:
   extra = tuple(compressor.metric_keys) if compressor is not None else ()
-  routed = ("received_bytes", "two_phase_tensors") if compressor is not None and exchange != "all_gather" else ()
+  routed = ("received_bytes", "two_phase_tensors") if exchange != "all_gather" else ()
   return STANDARD_METRICS + routed + extra
 
 
@@ -211,11 +213,11 @@ def set_aside_nonfinite(xs: list[jax.Array], layout: Optional[layout_lib.Layout]
   A worker with a non-finite tensor sends zeros for it, so the encoders never
   see NaN; the policy of :func:`compress` decides what the mean becomes.
   ``xs`` are checked together (:func:`nonfinite_flags`). With ``layout``, a
-  bucket encoded at once (:mod:`jaxcomp.buckets`), they are joined in the
+  bucket encoded at once (:mod:`jaxcomp.exchange.buckets`), they are joined in the
   encoder's layout for the check, and the layout returned carries that join
   and every tensor's ``max|x|``, its set-aside tensors zeroed, for the encoder
-  (:meth:`jaxcomp.layout.Layout.joined_input`,
-  :meth:`~jaxcomp.layout.Layout.input_max_abs`); without, it is ``None``.
+  (:meth:`jaxcomp.exchange.layout.Layout.joined_input`,
+  :meth:`~jaxcomp.exchange.layout.Layout.input_max_abs`); without, it is ``None``.
   """
   if layout is None:
     bad = nonfinite_flags(xs)
@@ -237,7 +239,7 @@ def set_aside(layout: layout_lib.Layout, bad: jax.Array) -> layout_lib.Layout:
 def nonfinite_flags(xs: list[jax.Array]) -> jax.Array:
   """:func:`is_nonfinite` of every tensor of ``xs`` (float32), in one reduction: bool ``(k,)``.
 
-  Several tensors are laid end to end in chunks (:class:`jaxcomp.layout.Layout`
+  Several tensors are laid end to end in chunks (:class:`jaxcomp.exchange.layout.Layout`
   with one plane, zero padding) and reduced by chunk and then by tensor: a
   reduction a tensor costs a kernel launch each (on XLA:CPU about as much as
   the reduction of a small tensor itself). The flags are the same either way.
@@ -271,7 +273,7 @@ def agree_on_nonfinite(bad: jax.Array, steps: Any, agree: bool):
   """Runs exchange ``steps`` with the workers' agreement on ``bad`` in its messages.
 
   ``steps`` is an exchange's generator of messages; this is one too (see
-  :func:`jaxcomp.parallel.run`), returning ``(anywhere, result)``:
+  :func:`jaxcomp.exchange.transport.run`), returning ``(anywhere, result)``:
   ``anywhere[i]`` if tensor ``i``'s ``bad`` flag is set on *any* worker, and
   the exchange's result. With ``agree``, the flags (one
   :data:`FLAG_DTYPE` byte per tensor) travel with the exchange's first
@@ -280,30 +282,32 @@ def agree_on_nonfinite(bad: jax.Array, steps: Any, agree: bool):
   an all-gather there (PowerSGD's sums, the two-phase all-to-all) sends them
   in a ``"max"`` of their own first. The flags are needed only once the
   exchange is done, so no collective waits for them, and a bucket's ride with
-  its own payload (:mod:`jaxcomp.buckets`) instead of an all-reduce that waits
+  its own payload (:mod:`jaxcomp.exchange.buckets`) instead of an all-reduce that waits
   for every tensor's check. Without ``agree`` the local flags are used as
   they are and nothing is sent.
   """
   if not agree:
     return bad, (yield from steps)
   flags = bad.astype(FLAG_DTYPE)
-  message, result = parallel.advance(steps, None)
+  message, result = transport.advance(steps, None)
   while message is not None and message.kind == "max":
-    message, result = parallel.advance(steps, (yield message))
-  if message is not None and message.kind == "gather":
-    gathered, reply = yield core.Message("gather", (flags, message.tree))
+    message, result = transport.advance(steps, (yield message))
+  if message is not None and message.kind == "gather" and message.when is None:  # not a round that may not run
+    encoded = None if message.encoded is None else Count(flags.nbytes) + Count.of(message.encoded)
+    gathered, reply = yield core.Message("gather", (flags, message.tree), encoded=encoded)
     agreed = parallel.max_leading(gathered)
-    message, result = parallel.advance(steps, reply)
+    message, result = transport.advance(steps, reply)
   else:
     agreed = yield core.Message("max", flags)
   while message is not None:
-    message, result = parallel.advance(steps, (yield message))
+    message, result = transport.advance(steps, (yield message))
   return agreed > 0, result
 
 
 def send_float(g: jax.Array, axis_name: parallel.AxisName):
-  """A skipped tensor: averaged in its own dtype with a ``"mean"`` message (a generator)."""
-  return (yield core.Message("mean", g)) if parallel.axis_names(axis_name) else g
+  """A skipped tensor: averaged in its own dtype with a ``"mean"`` message (a generator; one worker: ``g``)."""
+  del axis_name  # the transport's: with none, the mean of one worker is its own
+  return (yield core.Message("mean", g))
 
 
 def carry_residual(x: jax.Array, own: jax.Array, residual: jax.Array, bad: jax.Array) -> jax.Array:
@@ -365,15 +369,11 @@ def count_tensor(
     compressor: core.Compressor, ex: core.Exchanged, g: jax.Array, bad: jax.Array,
     tracked_path: Optional[str],
 ) -> dict[str, Any]:
-  """The counters of one compressed tensor (see :func:`jaxcomp.metrics` for their meaning)."""
-  metrics = dict(ex.metrics or {})  # a bucket's exchange may have counted encoded_bytes for all its tensors
-  encoded = metrics.pop("encoded_bytes") if "encoded_bytes" in metrics else compressor.encoded_bytes(ex.payload, g.shape)
+  """The counters of one compressed tensor (see :func:`jaxcomp.metrics`; its bytes: the transport counts them)."""
   counts = {
-      "compressed_bytes_on_wire": ex.wire_bytes,
       "compressed_float32_bytes": 4 * core.size_of(g.shape),
-      "encoded_bytes": ex.wire_bytes if encoded is None else encoded,
       "nonfinite_tensors": bad.astype(jnp.int32),
-      **metrics,
+      **(ex.metrics or {}),
       **compressor.extra_metrics(ex.payload, g.shape),
   }
   if tracked_path is not None:
@@ -385,12 +385,9 @@ def count_tensor(
 
 def count_two_phase_tensor(tp: two_phase.TwoPhaseResult, g: jax.Array, bad: jax.Array,
                            tracked_path: Optional[str]) -> dict[str, Any]:
-  """The counters of one tensor sent by the two-phase exchange (its own accounting of both phases)."""
+  """The counters of one tensor sent by the two-phase exchange (its bytes: the transport counts them)."""
   counts = {
-      "compressed_bytes_on_wire": tp.wire_bytes,
       "compressed_float32_bytes": 4 * core.size_of(g.shape),
-      "encoded_bytes": tp.encoded_bytes,
-      "received_bytes": tp.received_bytes,
       "nonfinite_tensors": bad.astype(jnp.int32),
       "two_phase_tensors": 1,
       **tp.metrics,
@@ -401,17 +398,22 @@ def count_two_phase_tensor(tp: two_phase.TwoPhaseResult, g: jax.Array, bad: jax.
   return counts
 
 
-def count_all(keys: tuple[str, ...], results: list[_TensorResult], plan: _Plan, flag_bytes: int) -> dict[str, Count]:
-  """Sums the tensors' counters into the metrics of this update (exact :class:`~jaxcomp.count.Count` s)."""
+def count_all(keys: tuple[str, ...], results: list[_TensorResult], plan: _Plan,
+              compressed: transport.Traffic, floats: transport.Traffic) -> dict[str, Count]:
+  """The metrics of this update (exact :class:`~jaxcomp.count.Count` s): the tensors' counters summed,
+  and the bytes the transport counted for the compressed and the float tensors' messages."""
   m = {k: Count() for k in keys}
   for i in plan.tracked:
     m[f"zeros:{plan.tracked[i]}"] = m[f"elements:{plan.tracked[i]}"] = Count()
   m["float32_bytes"] = Count(sum(4 * core.size_of(jnp.shape(g)) for g in plan.leaves))
-  m["compressed_bytes_on_wire"] = m["encoded_bytes"] = Count(flag_bytes)
   for r in results:
     for name, value in r.counts.items():
       m[name] = m.get(name, Count()) + Count.of(value)
+  m["compressed_bytes_on_wire"], m["float_bytes"] = compressed.sent, floats.sent
+  m["encoded_bytes"] = compressed.encoded + floats.encoded
   m["bytes_on_wire"] = m["compressed_bytes_on_wire"] + m["float_bytes"]
+  if "received_bytes" in m:
+    m["received_bytes"] = compressed.received + floats.received
   return m
 
 
@@ -428,7 +430,7 @@ def compress(
     seed: int = 0,
     nonfinite: NonFinitePolicy = "propagate",
     tensor_metrics: Optional[str] = None,
-    exchange: two_phase.Exchange = "all_gather",
+    exchange: plan_lib.Exchange = "all_gather",
     bucket_bytes: int = buckets.DEFAULT_BUCKET_BYTES,
     within: parallel.AxisName = None,
 ) -> optax.GradientTransformationExtraArgs:
@@ -472,7 +474,7 @@ def compress(
     exchange: how each compressed tensor crosses the wire.
       ``"all_gather"`` (default): every worker gathers every worker's payload
       (each receives ``(N − 1)·P`` bytes). ``"two_phase"``: a compressed
-      reduce-scatter, re-encoding and all-gather (:mod:`jaxcomp.two_phase`;
+      reduce-scatter, re-encoding and all-gather (:mod:`jaxcomp.exchange.two_phase`;
       each receives ``≈ 2(N − 1)/N·P``); tensors too small to split over the
       axis stay on the all-gather. ``"auto"``: per tensor, the one that
       receives fewer bytes for the axis size, decided at trace time. With
@@ -487,12 +489,12 @@ def compress(
       of float32 gradient, filled in reverse order (the last layers first, as
       PyTorch DDP does): each round of a bucket's exchanges (an agreement, an
       all-gather, an all-to-all, the float tensors' mean) is one collective
-      per bucket instead of one per tensor (:mod:`jaxcomp.buckets`). The
+      per bucket instead of one per tensor (:mod:`jaxcomp.exchange.buckets`). The
       numbers (updates, states, metrics) are the same, bit for bit (PowerSGD: to a
-      few ulp, see :mod:`jaxcomp.buckets`), as with
+      few ulp, see :mod:`jaxcomp.exchange.buckets`), as with
       ``0``: one exchange per tensor. Over ``vmap``-simulated workers alone
       nothing crosses a wire and tensors go one at a time whatever the value.
-    within: a hierarchy (:mod:`jaxcomp.hierarchy`): the axis (a name or a
+    within: a hierarchy (:mod:`jaxcomp.exchange.hierarchy`): the axis (a name or a
       tuple of names) of the devices of one host, over which gradients are
       averaged in float before the compressed exchange over ``axis_name``,
       which then runs once per host, each device of the host exchanging one
@@ -519,9 +521,9 @@ def compress(
   if set(parallel.axis_names(within)) & set(parallel.axis_names(axis_name)):
     raise ValueError(f"within={within!r} and axis_name={axis_name!r} share an axis: within names the "
                      "devices of one host (averaged in float), axis_name the hosts (compressed).")
-  two_phase.check_exchange(exchange)
+  plan_lib.check_exchange(exchange)
   if compressor is not None:
-    two_phase.check(compressor, exchange)
+    plan_lib.check(compressor, exchange)
   if compressor is None and error_feedback:
     raise ValueError("error_feedback needs a compressor.")
   use_ef = bool(compressor is not None and (compressor.error_feedback if error_feedback is None else error_feedback))
@@ -536,11 +538,11 @@ class _Compress:
   """One :func:`compress` transform: its static options, and ``init`` and ``update`` as named steps.
 
   An update (:meth:`update`): 0. with ``within``, the host's mean and this
-  device's slices (:mod:`jaxcomp.hierarchy`); 1. each compressed tensor's
+  device's slices (:mod:`jaxcomp.exchange.hierarchy`); 1. each compressed tensor's
   input ``x = g + r`` and its non-finite check (:meth:`inputs`); 2. one
   generator of messages per tensor, or per bucket encoded at once
   (:meth:`tensor_steps`), run together by the transport
-  (:func:`jaxcomp.buckets.run`); 3. the counters (:meth:`metrics`); 4. the
+  (:func:`jaxcomp.exchange.buckets.run`); 3. the counters (:meth:`metrics`); 4. the
   updates and the new state (:meth:`new_state`).
   """
 
@@ -551,7 +553,7 @@ class _Compress:
   min_size: int
   seed: int
   nonfinite: NonFinitePolicy
-  exchange: two_phase.Exchange
+  exchange: plan_lib.Exchange
   bucket_bytes: int
   use_ef: bool  # a residual per tensor (error feedback)
   tracked_re: Optional[re.Pattern]  # tensor_metrics
@@ -591,7 +593,7 @@ class _Compress:
     return _Plan(leaves, treedef, skipped, tracked)
 
   def two_phase_chosen(self, x: jax.Array) -> bool:
-    return self.routed and two_phase.choose(
+    return self.routed and plan_lib.choose(
         self.compressor, x.size, parallel.axis_size(self.axis_name), self.exchange) == "two_phase"
 
   def policy_mean(self, mean: jax.Array, anywhere: jax.Array) -> jax.Array:
@@ -604,8 +606,11 @@ class _Compress:
     """Agree, encode, exchange, decode: the compressor's own exchange or the default one (messages)."""
     if self.compressor.custom_exchange:
       out = self.compressor.exchange(x, key, self.axis_name, _from_masked(inner))
-      return (yield from out) if inspect.isgenerator(out) else out
-    return (yield from parallel.exchange_steps(self.compressor, x, key, self.axis_name, inner, need_own=self.use_ef))
+      if not inspect.isgenerator(out):
+        raise TypeError(f"{type(self.compressor).__name__}.exchange must be a generator that yields its "
+                        "collectives as jaxcomp.core.Message s (the transport runs and counts them).")
+      return (yield from out)
+    return (yield from allgather.exchange_steps(self.compressor, x, key, self.axis_name, inner, need_own=self.use_ef))
 
   def two_phase_tensor(self, g, x, bad, residual, inner, shard, key, tracked_path):
     anywhere, tp = yield from agree_on_nonfinite(
@@ -624,9 +629,6 @@ class _Compress:
     mean = self.policy_mean(ex.mean, anywhere)
     residual = carry_residual(x, ex.own, residual, bad) if self.use_ef else residual
     counts = count_tensor(self.compressor, ex, g, bad, tracked_path)
-    if self.routed:
-      workers = parallel.axis_size(self.axis_name)
-      counts["received_bytes"] = two_phase.all_gather_received(self.compressor, x.size, workers, ex.wire_bytes)
     return self.tracked_route(_TensorResult(mean.astype(g.dtype), residual, _or_masked(ex.state), shard, counts),
                               tracked_path)
 
@@ -652,19 +654,15 @@ class _Compress:
     """
     anywhere, exs = yield from agree_on_nonfinite(
         jnp.stack([bad[i] for i in ids]),
-        parallel.bucket_exchange_steps(self.compressor, [xs[i] for i in ids], keys, self.axis_name, layout=layout,
+        allgather.bucket_exchange_steps(self.compressor, [xs[i] for i in ids], keys, self.axis_name, layout=layout,
                                        need_own=self.use_ef), self.agree)
     return [self.gathered_tensor(gs[i], xs[i], bad[i], a, residuals[i], shards[i], ex, tracked.get(i))
             for i, a, ex in zip(ids, anywhere, exs)]
 
   def float_tensor(self, g, residual, inner, shard):
     """One tensor kept in float."""
-    nbytes = core.size_of(g.shape) * g.dtype.itemsize
-    counts = {"float_bytes": nbytes, "encoded_bytes": nbytes}
-    if self.routed:
-      counts["received_bytes"] = two_phase.allreduce_received(nbytes, parallel.axis_size(self.axis_name))
     mean = yield from send_float(g, self.axis_name)
-    return _TensorResult(mean, residual, inner, shard, counts)
+    return _TensorResult(mean, residual, inner, shard, {})
 
   # -- an update, step by step ---------------------------------------------------------------------
 
@@ -689,31 +687,33 @@ class _Compress:
     inners = p.treedef.flatten_up_to(state.inner)
     shards = (p.treedef.flatten_up_to(state.shard.residual) if self.use_shard
               else [optax.MaskedNode()] * len(p.leaves))
-    local = whole = None
-    if self.within is not None:  # 0. The host's mean, this device's slices (jaxcomp.hierarchy).
-      local = hierarchy.Local(self.within, [jnp.shape(g) for g in p.leaves], self.compressor, p.skipped)
-      whole = p.leaves
-      p = p._replace(leaves=local.scatter(p.leaves))
-      residuals, shards = local.take(residuals), local.take(shards)
+    topology = self.topology(p)  # 0. with `within`, the host's mean and this device's slices
+    p = p._replace(leaves=topology.scatter(p.leaves))
+    residuals, shards = topology.take(residuals), topology.take(shards)
     next_key, step_key = jax.random.split(state.key)
     compressed = [i for i, s in enumerate(p.skipped) if not s]
-    together = self.encoded_together(p, local)
+    together = self.encoded_together(p, topology)
     xs, bad, layouts = self.inputs(p, residuals, together, compressed)
-    if local is not None and compressed:
-      layouts = self.host_flags(local, xs, bad, layouts, together, compressed)
-    keys = self.leaf_keys(step_key, compressed, local)
+    layouts = topology.host_flags(xs, bad, layouts, together, compressed, set_aside)
+    keys = self.leaf_keys(step_key, compressed, topology)
     steps = self.tensor_steps(p, xs, bad, residuals, inners, shards, together, layouts, keys)
-    results = self.run(steps, p, together)
-    metrics = self.metrics(p, results, local, whole, compressed)
-    return self.new_state(p, state, next_key, results, metrics, local)
+    results, traffic = self.run(steps, p, together)
+    whole = topology.whole(*([r.update for r in results], [r.inner for r in results],
+                             [r.residual for r in results], [r.shard for r in results]))
+    metrics = topology.count(self.metrics(p, results, traffic))
+    return self.new_state(p, state, next_key, whole, metrics)
 
-  def encoded_together(self, p: _Plan, local) -> list[list[int]]:
+  def topology(self, p: _Plan):
+    """The devices around a worker (:mod:`jaxcomp.exchange.hierarchy`): a host's (``within``), or none."""
+    if self.within is None:
+      return hierarchy.Flat(self.axis_name)
+    return hierarchy.Local(self.within, [jnp.shape(g) for g in p.leaves], self.compressor, p.skipped)
+
+  def encoded_together(self, p: _Plan, topology) -> list[list[int]]:
     """The buckets (leaf ids) whose all-gathered tensors a compressor with ``bucket_encode`` encodes at once."""
     if self.compressor is None or not self.compressor.bucket_encode or self.compressor.custom_exchange:
       return []
-    groups = buckets.assign(_sizes(p), self.bucket_bytes)
-    if local is not None:
-      groups = local.separate(groups)
+    groups = topology.separate(buckets.assign(_sizes(p), self.bucket_bytes))
     together = [[i for i in group if not p.skipped[i] and not self.two_phase_chosen(p.leaves[i])]
                 for group in groups]
     return [ids for ids in together if ids]
@@ -749,23 +749,9 @@ class _Compress:
       bad.update(zip(ids, bad_ids))
     return xs, bad, layouts
 
-  @staticmethod
-  def host_flags(local, xs, bad, layouts, together, compressed):
-    """With ``within``, a tensor's flag is the host's: ``xs`` and ``bad`` updated, the layouts' joins zeroed alike."""
-    host_bad = local.any(jnp.stack([bad[i] for i in compressed]))
-    for i, b in zip(compressed, host_bad):
-      xs[i], bad[i] = jnp.where(b, jnp.zeros_like(xs[i]), xs[i]), b
-    return [lay if lay.joined is None else set_aside(lay, jnp.stack([bad[i] for i in ids]))
-            for lay, ids in zip(layouts, together)]
-
-  def leaf_keys(self, step_key, compressed, local):
+  def leaf_keys(self, step_key, compressed, topology):
     """``(rows, row)``: tensor ``i``'s key is ``rows[i][row[i]]``; a bucket draws alike from its first tensor's rows."""
-    if local is not None:
-      rows = local.leaf_keys(step_key, compressed, self.axis_name)
-    else:
-      stacked = rng.leaf_keys(step_key, compressed, parallel.axis_index(self.axis_name))
-      rows = {i: stacked for i in compressed}
-    return rows, {i: j for j, i in enumerate(compressed)}
+    return topology.leaf_keys(step_key, compressed, self.axis_name), {i: j for j, i in enumerate(compressed)}
 
   def tensor_steps(self, p: _Plan, xs, bad, residuals, inners, shards, together, layouts, keys):
     """2. Every tensor's generator of messages; a bucket encoded at once is one, at its first tensor."""
@@ -783,45 +769,40 @@ class _Compress:
         steps[i] = self.compress_tensor(g, xs[i], bad[i], r, inner, shard, rows[i][row[i]], p.tracked.get(i))
     return steps
 
-  def run(self, steps, p: _Plan, together) -> list[_TensorResult]:
-    """The steps run by the transport, in buckets (:func:`jaxcomp.buckets.run`); a bucket's results spread to its tensors."""
-    results = buckets.run(steps, _sizes(p), self.bucket_bytes, self.axis_name)
+  def run(self, steps, p: _Plan, together):
+    """The steps run by the transport, in buckets (:func:`jaxcomp.exchange.buckets.run`): ``(results, traffic)``.
+
+    A bucket's results spread to its tensors; ``traffic`` is the bytes of the
+    compressed tensors' messages and of the float tensors', as counted.
+    """
+    results, traffic = buckets.run(steps, _sizes(p), self.bucket_bytes, self.axis_name)
     for ids in together:
       for i, result in zip(ids, results[ids[0]]):
         results[i] = result
-    return results
+    compressed, floats = transport.Traffic(), transport.Traffic()
+    for t, skipped in zip(traffic, p.skipped):
+      if skipped:
+        floats += t
+      else:
+        compressed += t
+    return results, (compressed, floats)
 
-  def metrics(self, p: _Plan, results, local, whole, compressed) -> dict[str, Count]:
+  def metrics(self, p: _Plan, results, traffic) -> dict[str, Count]:
     """3. The update's counters."""
-    if local is not None:  # a host's non-finite tensor counts once, not once per device
-      for r in results:
-        if "nonfinite_tensors" in r.counts:
-          r.counts["nonfinite_tensors"] = jnp.where(local.index == 0, r.counts["nonfinite_tensors"], 0)
-    flag_bytes = len(compressed) * jnp.dtype(FLAG_DTYPE).itemsize if self.agree else 0
-    metrics = count_all(self.keys, results, p, flag_bytes)
-    if local is not None:
-      # Every count depends on the host's size, which init's abstract trace sets to 1: traced, so
-      # that the state keeps one structure.
-      metrics["local_bytes"] = Count(local.bytes(whole, len(compressed), [r.inner for r in results]))
-      metrics = {name: value.traced() for name, value in metrics.items()}
-    if self.routed:
+    metrics = count_all(self.keys, results, p, *traffic)
+    if "received_bytes" in metrics:
       # With a routed exchange, the counts that depend on the axis size (bytes received, which
       # route each tensor took, its bytes) are kept in their traced form: init's abstract trace
       # has one worker, and the state must keep one structure whatever the axis size.
-      metrics["received_bytes"] += two_phase.allreduce_received(flag_bytes, parallel.axis_size(self.axis_name))
       n_dependent = ["received_bytes", "bytes_on_wire", "compressed_bytes_on_wire", "encoded_bytes",
                      "two_phase_tensors"] + [f"two_phase:{path}" for path in p.tracked.values()]
       for name in n_dependent:
         metrics[name] = metrics[name].traced()
     return metrics
 
-  def new_state(self, p: _Plan, state: CompressState, next_key, results, metrics, local):
-    """4. The updates and the new state (with ``within``: whole tensors on every device of the host)."""
-    updates, inners = [r.update for r in results], [r.inner for r in results]
-    residuals, shards = [r.residual for r in results], [r.shard for r in results]
-    if local is not None:
-      updates, inners = local.gather(updates), local.same(inners)
-      residuals, shards = local.put(residuals), local.put(shards)
+  def new_state(self, p: _Plan, state: CompressState, next_key, whole, metrics):
+    """4. The updates and the new state (``whole``: with ``within``, whole tensors on every device of the host)."""
+    updates, inners, residuals, shards = whole
     new_state = CompressState(
         count=optax.safe_increment(state.count),
         key=next_key,

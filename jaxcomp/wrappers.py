@@ -43,7 +43,7 @@ from jaxcomp import core
 from jaxcomp import parallel
 from jaxcomp import transforms
 from jaxcomp.compressors.local_steps import local_steps, silence_wire, traced_wire
-from jaxcomp.count import Count
+from jaxcomp.exchange import transport
 
 
 def multi_steps(inner: optax.GradientTransformation, every_k_schedule: int) -> optax.GradientTransformationExtraArgs:
@@ -124,8 +124,17 @@ def apply_if_finite(
   """
   parallel.axis_names(axis_name)  # validates
   inner = optax.with_extra_args_support(inner)
-  flag_bytes = 1 if parallel.axis_names(axis_name) else 0
-  flag_counts = {k: Count(flag_bytes) for k in ("bytes_on_wire", "compressed_bytes_on_wire", "encoded_bytes")}
+
+  def agree(bad):
+    """Every worker's flag (one uint8, a ``"max"`` message): the step is skipped on all workers alike."""
+    return (yield core.Message("max", bad)) if parallel.axis_names(axis_name) else bad
+
+  def flag_counts(traffic: transport.Traffic) -> dict:
+    return {"bytes_on_wire": traffic.sent, "compressed_bytes_on_wire": traffic.sent, "encoded_bytes": traffic.encoded}
+
+  # The flag's bytes are the same every step (the transport counts its one message): the state holds them from init.
+  static = transport.Traffic()
+  transport.run(agree(jnp.uint8(0)), None, static)
 
   def init_fn(params):
     return ApplyIfFiniteState(
@@ -133,13 +142,13 @@ def apply_if_finite(
         last_finite=jnp.array(True),
         total_notfinite=jnp.zeros((), jnp.int32),
         inner_state=silence_wire(inner.init(params)),
-        local=core.WorkerLocal(residual=optax.MaskedNode(), metrics=dict(flag_counts)),
+        local=core.WorkerLocal(residual=optax.MaskedNode(), metrics=flag_counts(static)),
     )
 
   def update_fn(updates, state, params=None, **extra_args):
     bad = jnp.any(jnp.array([transforms.is_nonfinite(g) for g in jax.tree.leaves(updates)])).astype(jnp.uint8)
-    if flag_bytes:
-      bad = parallel.pmax(bad, axis_name)
+    traffic = transport.Traffic()
+    bad = transport.run(agree(bad), axis_name, traffic)
     isfinite = bad == 0
     notfinite_count = jnp.where(isfinite, jnp.zeros((), jnp.int32), optax.safe_increment(state.notfinite_count))
 
@@ -160,7 +169,7 @@ def apply_if_finite(
         last_finite=isfinite,
         total_notfinite=jnp.where(isfinite, state.total_notfinite, optax.safe_increment(state.total_notfinite)),
         inner_state=inner_state,
-        local=state.local,
+        local=state.local._replace(metrics=flag_counts(traffic)),
     )
     return new_updates, new_state
 

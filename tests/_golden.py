@@ -36,6 +36,8 @@ from jax.sharding import PartitionSpec as P
 import jaxcomp
 from jaxcomp import parallel
 
+from _layouts import per_shard_step
+
 PATH = pathlib.Path(__file__).parent / "golden" / "exchange.json"
 WRITE = os.environ.get("JAXCOMP_WRITE_GOLDEN") == "1"
 WORKERS = 4
@@ -188,16 +190,7 @@ def run_per_shard(name: str) -> tuple[list, Any]:
     p0 = jax.device_put({k: jnp.zeros(s) for k, s in shapes.items()},
                         {k: NamedSharding(mesh, s) for k, s in specs.items()})
     tx = jaxcomp.per_shard(jaxcomp.get_transform(name, axis_name="data", **KWARGS.get(name, {})), "model")
-    state = parallel.replicate_workers(tx.init(p0), 2)
-    state = jax.device_put(state, parallel.worker_shardings(state, mesh, "data"))
-    wspecs = parallel.worker_specs(state, "data")
-
-    def per_device(g, s):
-      u, s = tx.update(jax.tree.map(lambda a: a[0], g), parallel.worker_slice(s, 0))
-      return u, parallel.expand_workers(s)
-
-    step = jax.jit(jax.shard_map(per_device, in_specs=(P("data"), wspecs), out_specs=(P(), wspecs),
-                                 axis_names={"data"}))
+    step, state = per_shard_step(tx, p0, mesh)
     gspecs = {k: NamedSharding(mesh, P("data", *s)) for k, s in specs.items()}
     outs = []
     for t in range(STEPS):

@@ -176,3 +176,20 @@ def vmap_update(tx, grads, state):
     axes = parallel.worker_axes(state)
     _VMAPPED[key] = (tx, jax.jit(jax.vmap(tx.update, in_axes=(0, axes), out_axes=(None, axes), axis_name="w")))
   return _VMAPPED[key][1](grads, state)
+
+
+def per_shard_step(tx, params, mesh):
+  """``(step, state)``: ``tx`` (a ``per_shard`` transform over ``"model"``) on 2 ``"data"`` workers of
+  ``mesh``, jitted under ``shard_map`` over ``"data"``; ``params`` are placed on ``mesh`` already.
+  ``step(grads, state)`` takes gradients with a leading ``"data"`` axis and returns ``(updates, state)``."""
+  state = parallel.replicate_workers(tx.init(params), 2)
+  state = jax.device_put(state, parallel.worker_shardings(state, mesh, "data"))
+  wspecs = parallel.worker_specs(state, "data")
+
+  def per_device(g, s):
+    u, s = tx.update(jax.tree.map(lambda a: a[0], g), parallel.worker_slice(s, 0))
+    return u, parallel.expand_workers(s)
+
+  step = jax.jit(jax.shard_map(per_device, in_specs=(P("data"), wspecs), out_specs=(P(), wspecs),
+                               axis_names={"data"}))
+  return step, state

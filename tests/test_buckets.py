@@ -11,8 +11,8 @@ from jax.sharding import PartitionSpec as P
 
 from benchmarks import link
 import jaxcomp
-from jaxcomp import buckets
-from jaxcomp import layout
+from jaxcomp.exchange import buckets
+from jaxcomp.exchange import layout
 from jaxcomp import parallel
 
 from _layouts import device_update, on_mesh
@@ -145,7 +145,7 @@ def test_one_device_per_worker_same_numbers_and_fewer_collectives(name):
   for a, b in zip(jax.tree.leaves(ref), jax.tree.leaves(got)):
     if name == "powersgd":
       # The messages are the same bit for bit; XLA:CPU compiles PowerSGD's matrix products in
-      # the two programs with other fusions, which round differently by a few ulp (jaxcomp.buckets).
+      # the two programs with other fusions, which round differently by a few ulp (jaxcomp.exchange.buckets).
       np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7, err_msg=name)
     else:
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=name)

@@ -8,6 +8,7 @@ import pytest
 
 import jaxcomp
 from jaxcomp import core, parallel
+from jaxcomp.exchange import allgather
 
 from _layouts import init_state, make_runners
 
@@ -71,7 +72,7 @@ def test_terngrad_mean_is_average_of_worker_decodes():
   keys = jax.random.split(jax.random.PRNGKey(1), N)
 
   def worker(x, k):
-    ex = parallel.exchange(comp, x, k, "w", need_own=True)
+    ex = allgather.exchange(comp, x, k, "w", need_own=True)
     return ex.mean, ex.own
 
   mean, owns = jax.jit(jax.vmap(worker, axis_name="w", out_axes=(None, 0)))(xs, keys)  # one program

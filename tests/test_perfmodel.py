@@ -97,6 +97,8 @@ def test_vgg_a_parameter_count():
 
 from jaxcomp.compressors.qsgd import QSGD  # noqa: E402
 from jaxcomp.compressors.threelc import ThreeLC  # noqa: E402
+from jaxcomp.exchange import plan
+from jaxcomp.exchange import transport
 
 
 def test_exchange_costs_by_hand():
@@ -119,10 +121,10 @@ def test_exchange_costs_by_hand():
 @pytest.mark.parametrize("comp", [TernGrad(), QSGD(), ThreeLC()], ids=["terngrad", "qsgd", "threelc"])
 def test_two_phase_bytes_do_not_grow_with_workers(comp):
   """Two-phase stays within 1.1 x 2(N-1)/N·P; the all-gather's (N-1)·P passes the float ring from N = 2r on."""
-  from jaxcomp import two_phase
+  from jaxcomp.exchange import two_phase
 
   n = 4 << 20
-  p = two_phase.all_gather_bytes(comp, n, 2).handed  # P: the all-gather's bytes_on_wire, agreement included
+  p = plan.traffic(comp, n, 2, "all_gather").sent  # P: the all-gather's bytes_on_wire, agreement included
   r = 4 * n / p
   for workers in (4, 8, 64, 1024):
     c = pm.exchange_costs(comp, n, workers, 1e9, 0.0)
@@ -152,14 +154,14 @@ def test_break_even_compressors_are_the_named_ones():
 
 @pytest.mark.parametrize("name,expected", [("terngrad", 32), ("qsgd_4bit", 16), ("threelc", 40)])
 def test_break_even_workers_against_a_direct_scan(name, expected):
-  """The solver's N is the first N at which two_phase.all_gather_bytes passes allreduce_received."""
+  """The solver's N is the first N at which plan.traffic(..., "all_gather") passes allreduce_received."""
   from experiments import perfmodel_estimates as est
-  from jaxcomp import two_phase
+  from jaxcomp.exchange import two_phase
 
   comp = _break_even_compressors()[name]
   for n in (60_966_600, 7_005_832, 1 << 20):
     scan = next(w for w in range(2, 1000)
-                if two_phase.all_gather_bytes(comp, n, w).received > two_phase.allreduce_received(4 * n, w))
+                if plan.traffic(comp, n, w, "all_gather").received > transport.allreduce_received(4 * n, w))
     assert est.break_even_workers(comp, n) == scan
   # And the closed form it should match: (N-1)·P > 2(N-1)/N·4n  <=>  N > 8n/P (P ~ 2, 4.06, 1.6 bits/value).
   assert scan == expected
@@ -168,27 +170,27 @@ def test_break_even_workers_against_a_direct_scan(name, expected):
 def test_break_even_small_tensors_and_limit():
   """Small tensors (scalars weigh more) against the direct scan; ``None`` when not below ``limit``."""
   from experiments import perfmodel_estimates as est
-  from jaxcomp import two_phase
+  from jaxcomp.exchange import two_phase
 
   for comp in _break_even_compressors().values():
     for n in (4, 40, 400):
       scan = next(w for w in range(2, 1000)
-                  if two_phase.all_gather_bytes(comp, n, w).received > two_phase.allreduce_received(4 * n, w))
+                  if plan.traffic(comp, n, w, "all_gather").received > transport.allreduce_received(4 * n, w))
       assert est.break_even_workers(comp, n) == scan
   assert est.break_even_workers(_break_even_compressors()["terngrad"], 1 << 20, limit=8) is None
 
 
 def test_two_phase_never_crosses_the_float_ring_where_it_splits():
   from experiments import perfmodel_estimates as est
-  from jaxcomp import two_phase
+  from jaxcomp.exchange import two_phase
 
   for comp in _break_even_compressors().values():
     n = 7_005_832
     r = est.two_phase_vs_float(comp, n, [2 ** k for k in range(1, 17)])
     assert r["first_crossing"] is None and r["max_ratio"] < 0.2
     for w in r["workers_checked"]:
-      assert (two_phase.two_phase_bytes(comp, n, w).received
-              < two_phase.allreduce_received(4 * n, w))
+      assert (plan.traffic(comp, n, w, "two_phase").received
+              < transport.allreduce_received(4 * n, w))
     assert all(two_phase.split(comp, n, w) is None for w in r["too_small_to_split"])
   qsgd = _break_even_compressors()["qsgd_4bit"]  # chunks of whole 512-value buckets: 7M splits up to 13,683
   assert est.two_phase_vs_float(qsgd, 7_005_832, [8192, 16384])["too_small_to_split"] == [16384]
@@ -197,7 +199,7 @@ def test_two_phase_never_crosses_the_float_ring_where_it_splits():
 def test_charged_bytes_keep_float_and_scale_the_exchanges():
   """Float keeps |g| = 4n; the all-gather is charged N·P/2, the two-phase exchange about P."""
   from experiments import perfmodel_estimates as est
-  from jaxcomp import two_phase
+  from jaxcomp.exchange import two_phase
 
   comp = TernGrad()
   n, cache = 1 << 22, {}
@@ -205,14 +207,14 @@ def test_charged_bytes_keep_float_and_scale_the_exchanges():
   g_float = 4 * (n + 1000)
   for w in (2, 8, 64):
     rf = est.model_received_bytes(sizes, comp, w, "float", cache)
-    assert rf == two_phase.allreduce_received(4 * n, w) + two_phase.allreduce_received(4000, w)
+    assert rf == transport.allreduce_received(4 * n, w) + transport.allreduce_received(4000, w)
     ag = est.model_received_bytes(sizes, comp, w, "all_gather", cache)
-    assert ag == two_phase.all_gather_bytes(comp, n, w).received + two_phase.allreduce_received(4000, w)
+    assert ag == plan.traffic(comp, n, w, "all_gather").received + transport.allreduce_received(4000, w)
     tp = est.model_received_bytes(sizes, comp, w, "two_phase", cache)
-    assert tp == two_phase.two_phase_bytes(comp, n, w).received + two_phase.allreduce_received(4000, w)
+    assert tp == plan.traffic(comp, n, w, "two_phase").received + transport.allreduce_received(4000, w)
     assert est.charged_bytes(g_float, rf, rf) == g_float
     p = n // 4  # 2-bit codes
     assert est.charged_bytes(g_float, ag, rf) == pytest.approx(w * p / 2 + 4000, rel=1e-3)
     assert est.charged_bytes(g_float, tp, rf) == pytest.approx(p + 4000, rel=0.02)
   # A tensor too small to split is exchanged by the all-gather, as jaxcomp's choose() does.
-  assert est.received_bytes(comp, 100, 8, "two_phase") == two_phase.all_gather_bytes(comp, 100, 8).received
+  assert est.received_bytes(comp, 100, 8, "two_phase") == plan.traffic(comp, 100, 8, "all_gather").received

@@ -13,6 +13,7 @@ import pytest
 import jaxcomp
 from jaxcomp import parallel
 from jaxcomp.compressors.powersgd import PowerSGD, orthogonalize
+from jaxcomp.exchange import transport
 
 from _layouts import vmap_update as _vmap_update
 
@@ -39,8 +40,8 @@ def test_powersgd_algorithm1_across_workers():
   wire = []
 
   def worker(x):
-    ex = parallel.run(comp.exchange(x, KEY, "w", q0), "w")
-    wire.append(ex.wire_bytes)
+    ex, traffic = transport.counted(comp.exchange(x, KEY, "w", q0), "w")
+    wire.append(traffic.sent.static)
     return ex.mean, ex.own, ex.state, ex.payload
 
   mean, own, state, payload = jax.jit(jax.vmap(worker, axis_name="w", out_axes=(None, None, None, 0)))(ms)
@@ -66,7 +67,7 @@ def test_powersgd_warm_start_converges_to_best_rank_r():
   comp = PowerSGD(rank=r)
   q = comp.init_state((n, m), KEY)
   for _ in range(15):
-    ex = parallel.run(comp.exchange(mat, KEY, None, q), None)
+    ex = transport.run(comp.exchange(mat, KEY, None, q), None)
     q = ex.state
   np.testing.assert_allclose(ex.mean, best, atol=1e-3)
 

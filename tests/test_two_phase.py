@@ -1,4 +1,4 @@
-"""The two-phase compressed all-reduce (jaxcomp.two_phase): layout, bytes, semantics, layouts."""
+"""The two-phase compressed all-reduce (jaxcomp.exchange.two_phase): layout, bytes, semantics, layouts."""
 
 import functools
 import os
@@ -14,7 +14,7 @@ from jax.sharding import PartitionSpec as P
 
 import jaxcomp
 from jaxcomp import parallel
-from jaxcomp import two_phase as tp
+from jaxcomp.exchange import two_phase as tp
 from jaxcomp.compressors.int8 import Int8
 from jaxcomp.compressors.powersgd import PowerSGD
 from jaxcomp.compressors.qsgd import QSGD
@@ -22,6 +22,9 @@ from jaxcomp.compressors.signsgd import SignSGD
 from jaxcomp.compressors.stochastic_ternary import StochasticTernary
 from jaxcomp.compressors.terngrad import TernGrad
 from jaxcomp.compressors.threelc import ThreeLC
+from jaxcomp.exchange import transport
+from jaxcomp.exchange import allgather
+from jaxcomp.exchange import plan
 
 from _layouts import run_layouts
 from _processes import run_workers
@@ -32,8 +35,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 def _run_vmap(comp, xs, keys, residual=None, need_own=True):
   """The exchange of every worker's row of ``xs`` under vmap; the mean comes back unbatched."""
   def f(x, k, r):
-    res = tp.two_phase_exchange(comp, x, k, "w", r, need_own=need_own)
-    return res.mean, res.own, res.shard_residual, res.encoded_bytes, res.metrics
+    res, traffic = transport.counted(tp.two_phase_steps(comp, x, k, "w", r, need_own=need_own), "w")
+    return res.mean, res.own, res.shard_residual, traffic.encoded, res.metrics
   res_axes = None if residual is None else 0
   return jax.jit(jax.vmap(f, in_axes=(0, 0, res_axes), out_axes=(None, 0, 0, 0, 0), axis_name="w"))(xs, keys, residual)
 
@@ -66,22 +69,23 @@ def test_layout_and_static_bytes():
   assert tp.split(QSGD(bucket_size=512), 4 << 20, 64).chunk % 512 == 0  # buckets never straddle chunks
   # TernGrad, 4 workers, chunks of 280: 70 code bytes + the 4-byte scale per chunk and per shard,
   # one agreed float32 per chunk (an all-reduce of 16 bytes: a ring receives 2*3/4 of it).
-  b = tp.two_phase_bytes(tern, 1000, 4)
-  assert b == tp.Bytes(handed=4 * 74 + 74 + 16, received=3 * (74 + 74) + 24)
-  ag = tp.all_gather_bytes(tern, 1000, 4)
-  assert ag == tp.Bytes(handed=250 + 4 + 4, received=3 * 254 + 6)
-  assert tp.choose(tern, 1000, 4, "auto") == "two_phase"
-  assert tp.choose(tern, 1000, 2, "auto") == "all_gather"  # N = 2: two rounds save nothing
-  assert tp.choose(tern, 100, 4, "two_phase") == "all_gather"  # too small to split
-  assert tp.allreduce_received(1000, 8) == 1750
+  # The plan reads them off the messages the transport counts (traced abstractly): here by hand.
+  b = plan.traffic(tern, 1000, 4, "two_phase")
+  assert b == plan.Bytes(sent=4 * 74 + 74 + 16, received=3 * (74 + 74) + 24)
+  ag = plan.traffic(tern, 1000, 4, "all_gather")
+  assert ag == plan.Bytes(sent=250 + 4 + 4, received=3 * 254 + 6)
+  assert plan.choose(tern, 1000, 4, "auto") == "two_phase"
+  assert plan.choose(tern, 1000, 2, "auto") == "all_gather"  # N = 2: two rounds save nothing
+  assert plan.choose(tern, 100, 4, "two_phase") == "all_gather"  # too small to split
+  assert transport.allreduce_received(1000, 8) == 1750
 
 
 def test_refusals_are_clear():
   with pytest.raises(ValueError, match="PowerSGD runs its own exchange"):
-    tp.check(PowerSGD(rank=2), "two_phase")
-  assert tp.choose(PowerSGD(rank=2), 1 << 20, 8, "auto") == "all_gather"
+    plan.check(PowerSGD(rank=2), "two_phase")
+  assert plan.choose(PowerSGD(rank=2), 1 << 20, 8, "auto") == "all_gather"
   with pytest.raises(ValueError, match="exchange must be one of"):
-    tp.check_exchange("ring")
+    plan.check_exchange("ring")
   with pytest.raises(ValueError, match="too small to split"):
     jax.vmap(lambda x, k: tp.two_phase_exchange(TernGrad(), x, k, "w").mean, axis_name="w")(
         jnp.ones((4, 100)), jax.random.split(jax.random.PRNGKey(0), 4))
@@ -133,7 +137,7 @@ def test_signsgd_vote_is_exact():
   xs = xs.at[3].set(0.0)  # worker 3 abstains (an all-zero tensor)
   keys = jax.random.split(jax.random.PRNGKey(1), n_workers)
   mean, *_ = _run_vmap(SignSGD(), xs, keys, need_own=False)
-  gathered = jax.jit(jax.vmap(lambda x, k: parallel.exchange(SignSGD(), x, k, "w")[0], out_axes=None,
+  gathered = jax.jit(jax.vmap(lambda x, k: allgather.exchange(SignSGD(), x, k, "w")[0], out_axes=None,
                               axis_name="w"))(xs, keys)
   np.testing.assert_array_equal(mean, gathered)
   np.testing.assert_array_equal(mean, jnp.sign(jnp.where(xs[:3] >= 0, 1.0, -1.0).sum(0)))
@@ -241,13 +245,13 @@ def test_threelc_zero_run_wire_in_both_phases():
   keys = jax.random.split(jax.random.PRNGKey(2), n_workers)
   r = jnp.zeros((n_workers, n))
   plain, buffered = ThreeLC(), ThreeLC(capacity=0.5)
-  static = tp.two_phase_bytes(buffered, n, n_workers)
+  static = plan.traffic(buffered, n, n_workers, "two_phase")
   plain_bytes = tp.split(plain, n, n_workers).chunk // 5 + 4  # one plain chunk or shard payload
 
   def runner(comp):
     def f(x, k, res):
-      out = tp.two_phase_exchange(comp, x, k, "w", res, need_own=True)
-      return out.mean, out.own, out.shard_residual, out.wire_bytes, out.received_bytes, out.metrics
+      out, traffic = transport.counted(tp.two_phase_steps(comp, x, k, "w", res, need_own=True), "w")
+      return out.mean, out.own, out.shard_residual, traffic.sent, traffic.received, out.metrics
     return jax.jit(jax.vmap(f, out_axes=(None, 0, 0, 0, 0, 0), axis_name="w"))
 
   run_plain, run_buffered = runner(plain), runner(buffered)
@@ -259,12 +263,12 @@ def test_threelc_zero_run_wire_in_both_phases():
     assert (np.asarray(m["zero_run_fallback_rounds"]) == rounds).all()
     if rounds == 0:
       np.testing.assert_array_equal(m["zero_run_fallbacks"], 0)
-      np.testing.assert_array_equal(got[3], static.handed)
+      np.testing.assert_array_equal(got[3], static.sent)
       np.testing.assert_array_equal(got[4], static.received)
     else:
       assert (np.asarray(m["zero_run_fallbacks"]) > 0).all()
       # Both plain rounds on top: N chunk payloads and one shard payload handed, 2(N - 1) received.
-      np.testing.assert_array_equal(got[3], static.handed + (n_workers + 1) * plain_bytes)
+      np.testing.assert_array_equal(got[3], static.sent + (n_workers + 1) * plain_bytes)
       np.testing.assert_array_equal(got[4], static.received + 2 * (n_workers - 1) * plain_bytes)
 
 
@@ -324,15 +328,15 @@ def test_bytes_per_worker_target(name):
     p = float(m["all_gather"]["bytes_on_wire"])
     bound = 1.1 * 2 * (n_workers - 1) / n_workers * p
     assert "received_bytes" not in m["all_gather"]  # reported by the routed transforms
-    assert tp.all_gather_bytes(comp, n, n_workers).received == pytest.approx((n_workers - 1) * p, rel=1e-5)
+    assert plan.traffic(comp, n, n_workers, "all_gather").received == pytest.approx((n_workers - 1) * p, rel=1e-5)
     assert float(m["two_phase"]["received_bytes"]) <= bound, (n_workers, float(m["two_phase"]["received_bytes"]), bound)
     assert float(m["two_phase"]["bytes_on_wire"]) <= bound  # bytes handed to collectives, too
     assert float(m["two_phase"]["two_phase_tensors"]) == 1
     assert float(m["auto"]["two_phase_tensors"]) == 1
     assert float(m["auto"]["received_bytes"]) == float(m["two_phase"]["received_bytes"])
-    # The metrics are those of jaxcomp.two_phase's static sizes.
-    flag = tp.allreduce_received(1, n_workers)  # the non-finite flag's pmax
-    assert float(m["two_phase"]["received_bytes"]) == tp.two_phase_bytes(comp, n, n_workers).received + flag
+    # The metrics are the plan's sizes (the same messages, counted alike).
+    flag = transport.allreduce_received(1, n_workers)  # the non-finite flag's pmax
+    assert float(m["two_phase"]["received_bytes"]) == plan.traffic(comp, n, n_workers, "two_phase").received + flag
 
 
 def _grads(n_workers, step):
@@ -374,9 +378,9 @@ def test_transform_matches_the_function():
           g, jnp.arange(n_workers))
   np.testing.assert_array_equal(upd, want)
   m = jaxcomp.metrics(new_state)
-  b = tp.two_phase_bytes(TernGrad(), 1000, n_workers)
-  assert int(m["bytes_on_wire"]) == b.handed + 1  # + the non-finite flag
-  assert int(m["received_bytes"]) == b.received + tp.allreduce_received(1, n_workers)
+  b = plan.traffic(TernGrad(), 1000, n_workers, "two_phase")
+  assert int(m["bytes_on_wire"]) == b.sent + 1  # + the non-finite flag
+  assert int(m["received_bytes"]) == b.received + transport.allreduce_received(1, n_workers)
   assert int(m["two_phase_tensors"]) == 1
 
 
@@ -419,4 +423,4 @@ def test_powersgd_keeps_its_all_reduces():
   tx = jaxcomp.powersgd(rank=2, axis_name="w", exchange="auto", nonfinite="zero")
   m = _abstract_metrics(tx, 64 * 32, 8)
   assert "two_phase_tensors" in m and float(m["two_phase_tensors"]) == 0
-  assert float(m["received_bytes"]) == tp.allreduce_received(int(m["bytes_on_wire"]), 8)
+  assert float(m["received_bytes"]) == transport.allreduce_received(int(m["bytes_on_wire"]), 8)

@@ -20,6 +20,7 @@ import pytest
 
 import jaxcomp
 from jaxcomp import parallel
+from jaxcomp.exchange import transport
 
 dgc_module = importlib.import_module("jaxcomp.compressors.dgc")  # jaxcomp.compressors.dgc is the factory
 
@@ -211,13 +212,17 @@ def test_dgc_warmup_schedule_densities_and_bytes():
 
 
 def test_dgc_byte_counts_hold_for_billions_of_elements():
+  """A stage's conditional message of 6.4e9 bytes (> 2**32) counts exactly where it runs, 0 elsewhere."""
   comp = jaxcomp.DGC(warmup_steps=4)
-  shape = (3 * 2**30,)  # 3.2e9 elements: the first stage's payload is 6.4e9 bytes (> 2**32)
-  sizes = comp.stage_bytes(shape)
-  assert sizes == [8 * math.ceil(d * shape[0]) for d in comp.densities]
-  assert sizes[0] > 2**32
-  assert int(dgc_module._choose_count(sizes, jnp.int32(0))) == sizes[0]
-  assert int(dgc_module._choose_count(sizes, comp.stage(jnp.int32(7)))) == sizes[-1]
+  n = 3 * 2**30  # 3.2e9 elements; the payload's shapes only (nothing is allocated)
+  slots = comp.selector(comp.densities[0]).slots(n)  # the index wire: a uint32 index and a float32 value a slot
+  payload = (jax.ShapeDtypeStruct((slots,), jnp.uint32), jax.ShapeDtypeStruct((slots,), jnp.float32))
+  nbytes = sum(math.prod(a.shape) * a.dtype.itemsize for a in payload)
+  assert nbytes == 8 * math.ceil(comp.densities[0] * n) > 2**32
+  for stage, want in ((0, nbytes), (1, 0)):
+    traffic = transport.Traffic()
+    traffic.add(jaxcomp.core.Message("gather", payload, when=jnp.int32(stage) == 0), workers=4)
+    assert (int(traffic.sent), int(traffic.received)) == (want, 3 * want)
 
 
 def test_dgc_same_numbers_under_every_layout():

@@ -23,6 +23,8 @@ import jaxcomp
 from jaxcomp import core, parallel
 from jaxcomp.compressors.natural import NaturalPayload
 from jaxcomp.compressors.randomk import affine_indices, affine_map
+from jaxcomp.exchange import transport
+from jaxcomp.exchange import plan
 
 from _layouts import assert_error_feedback_conserves, run_layouts, vmap_update as _vmap_update
 
@@ -121,10 +123,12 @@ def test_exact_bytes_on_wire():
 
 def test_received_bytes_of_the_all_reduces():
   """half and randomk all-reduce: each worker receives a ring's 2(N − 1)/N of what it hands."""
-  from jaxcomp import two_phase
   for comp, wire in ((jaxcomp.Half(), 200), (jaxcomp.RandomK(0.2), 4 * 20)):
-    assert two_phase.choose(comp, 100, 4, "auto") == "all_gather"  # i.e. its own exchange
-    assert int(two_phase.all_gather_received(comp, 100, 4, wire)) == math.ceil(2 * 3 * wire / 4)
+    assert plan.choose(comp, 100, 4, "auto") == "all_gather"  # i.e. its own exchange
+    state = comp.init_state((100,), KEY)
+    counted = lambda x, comp=comp, state=state: transport.counted(comp.exchange(x, KEY, "w", state), "w")[1]
+    traffic = jax.eval_shape(jax.vmap(counted, axis_name="w", out_axes=None), jnp.zeros((4, 100)))
+    assert (traffic.sent.static, traffic.received.static) == (wire, math.ceil(2 * 3 * wire / 4))
 
 
 @pytest.mark.parametrize("name", ["half", "randomk", "natural"])
@@ -213,7 +217,7 @@ def test_half_moves_16_bit_values(dtype):
   """
   comp = jaxcomp.Half(dtype)
   mesh = jax.make_mesh((4,), ("d",), axis_types=(jax.sharding.AxisType.Auto,), devices=jax.devices()[:4])
-  f = jax.shard_map(lambda x: parallel.run(comp.exchange(x[0], KEY, "d", None), "d").mean, mesh=mesh, in_specs=P("d"), out_specs=P())
+  f = jax.shard_map(lambda x: transport.run(comp.exchange(x[0], KEY, "d", None), "d").mean, mesh=mesh, in_specs=P("d"), out_specs=P())
   hlo = jax.jit(f).lower(jnp.ones((4, 64))).compile().as_text()
   collectives = [line for line in hlo.splitlines()
                  if re.search(r"\b(all-reduce|all-to-all|all-gather|reduce-scatter)(-start)?\(", line)]
@@ -236,9 +240,9 @@ def test_half_moves_16_bit_values(dtype):
 def test_half_one_worker_is_the_cast():
   x = jax.random.normal(KEY, (50,))
   for dtype in ("bfloat16", "float16"):
-    ex = parallel.run(jaxcomp.Half(dtype).exchange(x, KEY, None, None), None)
+    ex, traffic = transport.counted(jaxcomp.Half(dtype).exchange(x, KEY, None, None), None)
     np.testing.assert_array_equal(ex.mean, x.astype(dtype).astype(jnp.float32))
-    assert ex.payload.values.dtype == dtype and ex.wire_bytes == 100
+    assert ex.payload.values.dtype == dtype and traffic.sent == 100 and traffic.received == 0
 
 
 def test_half_error_feedback_conservation():
@@ -341,7 +345,7 @@ def test_randomk_scaled_is_unbiased():
   comp = jaxcomp.RandomK(fraction=0.25, scale=True)  # k = 5
   x = jax.random.normal(KEY, (n,)) + 0.5
   keys = jax.random.split(jax.random.PRNGKey(7), K)
-  means = jax.jit(jax.vmap(lambda s: parallel.run(comp.exchange(x, KEY, None, s), None).mean))(keys)
+  means = jax.jit(jax.vmap(lambda s: transport.run(comp.exchange(x, KEY, None, s), None).mean))(keys)
   sd = np.abs(np.asarray(x)) * math.sqrt(n / 5 - 1) / math.sqrt(K)
   assert np.all(np.abs(np.asarray(means.mean(0) - x)) <= 5 * sd)
   np.testing.assert_allclose(np.asarray((means != 0).mean(0)), 5 / n, atol=5 * math.sqrt(0.25 * 0.75 / K))

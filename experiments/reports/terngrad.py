@@ -596,7 +596,7 @@ def render_tg_f5(runs_by_dataset, out_path: str, img_dir: str) -> list[str]:
             "payload P, as Appendix B does. *All-gather* and *two-phase*: the two exchanges jaxcomp runs "
             "(`exchange=\"all_gather\"`, `exchange=\"two_phase\"`), each charged on every hop the float "
             "|g| scaled by the bytes a worker receives in that exchange over those it receives in a float32 "
-            "ring all-reduce (from `jaxcomp.two_phase`'s byte functions, tensor by tensor; a tensor too small "
+            "ring all-reduce (from `jaxcomp.exchange.two_phase`'s byte functions, tensor by tensor; a tensor too small "
             "to split falls back to the all-gather, as jaxcomp does). The float exchange keeps the paper's "
             "charge, so the three columns compare the exchanges under one model; the two-phase exchange "
             "comes out close to the paper's charge, the all-gather's grows as N·P/2. Models with many small "

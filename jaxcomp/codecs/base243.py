@@ -95,7 +95,7 @@ def pack_digits(digits: jax.Array) -> jax.Array:
   """Step 5 on digits already shifted and cut: ``digits[0]·81 + … + digits[4]`` (uint8, any trailing shape).
 
   ``digits`` is ``uint8[5, ...]`` (or a list of five), partition ``k`` in ``digits[k]`` (the
-  bucket layout of :mod:`jaxcomp.layout` holds a tensor's five partitions as
+  bucket layout of :mod:`jaxcomp.exchange.layout` holds a tensor's five partitions as
   its planes).
   """
   out = digits[0] * jnp.uint8(WEIGHTS[0])

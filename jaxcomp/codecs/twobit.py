@@ -65,7 +65,7 @@ def pack_planes(codes: Any) -> jax.Array:
   """Bytes of the codes ``t + 1`` of the four planes: ``codes[k]`` (uint8, any shape) in bits ``2k .. 2k+1``.
 
   ``codes`` is ``uint8[4, ...]`` or a list of four; plane ``k`` of a tensor is
-  its ``k``-th contiguous quarter (the bucket layout of :mod:`jaxcomp.layout`
+  its ``k``-th contiguous quarter (the bucket layout of :mod:`jaxcomp.exchange.layout`
   holds them as its planes).
   """
   return codes[0] | (codes[1] << 2) | (codes[2] << 4) | (codes[3] << 6)

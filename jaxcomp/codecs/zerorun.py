@@ -300,7 +300,7 @@ def zero_run_lengths(b: Any, starts: Any) -> jax.Array:
 
   Segment ``i`` is ``b[starts[i]:starts[i + 1]]`` (the last runs to the end):
   a bucket's base-3^5 bytes, every tensor's laid end to end
-  (:meth:`jaxcomp.layout.Layout.compact`). Runs do not cross a segment's start,
+  (:meth:`jaxcomp.exchange.layout.Layout.compact`). Runs do not cross a segment's start,
   so ``zero_run_lengths(b, starts)[i] == zero_run_length(b[starts[i]:starts[i + 1]])``,
   in one pass over the bucket instead of a kernel a tensor.
 

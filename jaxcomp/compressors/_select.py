@@ -50,7 +50,7 @@ import numpy as np
 from jaxcomp import hyperparams
 from jaxcomp import rng
 from jaxcomp.codecs import sparse
-from jaxcomp.layout import materialize
+from jaxcomp.exchange.layout import materialize
 
 Capacity = Union[int, float]
 

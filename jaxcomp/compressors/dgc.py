@@ -106,7 +106,6 @@ from jaxcomp import transforms
 from jaxcomp.compressors import _momentum
 from jaxcomp.compressors import _select
 from jaxcomp.compressors.topk import TopK
-from jaxcomp.count import Count
 
 # §3.3: sparsity 75%, 93.75%, 98.4375%, 99.6% over the warm-up: densities 4^-1 ... 4^-4.
 WARMUP_DENSITIES = (0.25, 0.0625, 0.015625, 0.00390625)
@@ -123,13 +122,6 @@ def _check_warmup(warmup_steps: Any, warmup_densities: Any) -> None:
   if 0 < warmup_steps < len(warmup_densities):
     raise ValueError(f"warmup_steps ({warmup_steps}) must give every one of the "
                      f"{len(warmup_densities)} warm-up stages a step.")
-
-
-def _choose_count(values: Sequence[int], index: jax.Array) -> Count:
-  """``values[index]`` as an exact :class:`Count` (any size: two uint32 words per value)."""
-  hi = jnp.asarray([v >> 32 for v in values], jnp.uint32)[index]
-  lo = jnp.asarray([v & 0xFFFFFFFF for v in values], jnp.uint32)[index]
-  return Count(hi=hi, lo=lo)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -226,29 +218,35 @@ class DGC(core.Compressor):
     del shape, key
     return jnp.zeros((), jnp.int32) if self.custom_exchange else None  # the step counter
 
-  def stage_bytes(self, shape) -> list[int]:
-    """Bytes of the payload of every stage for a tensor of ``shape`` (Python ints, exact).
-
-    Every slot of the index wire (:class:`jaxcomp.compressors.topk.IndexPayload`)
-    is a uint32 index and a float32 value.
-    """
-    n = core.size_of(shape)
-    return [self.selector(d).slots(n) * (4 + 4) for d in self.densities]
-
   def exchange(self, x, key, axis_name, state):
-    """The exchange of the current stage's top-k (a ``lax.switch`` on the step counter)."""
+    """The exchange of the current stage's top-k: each stage's rounds run only in that stage.
+
+    Every stage's payload has its own size, so each stage is a conditional
+    message (``Message.when``) with its encode and decode in ``lax.cond`` s
+    on the step counter, the same on every worker: one stage's work and bytes a step.
+    """
     stage = self.stage(state)
+    mean = own = jnp.zeros(x.shape, jnp.float32)
+    overflow = jnp.int32(0)
+    for s, density in enumerate(self.densities):
+      on, sel = stage == s, self.selector(density)
+      encode = lambda sel=sel: sel.encode_with_metrics(x, key, None)
+      payload, metrics = parallel.replicated_cond(on, encode, lambda encode=encode: _zeros(jax.eval_shape(encode)))
+      payload = lax.optimization_barrier(payload)  # as in allgather.exchange_steps: encoded once
+      gathered = yield core.Message("gather", payload, when=on, encoded=sel.encoded_bytes(payload, x.shape))
+      gathered = gathered if parallel.axis_names(axis_name) else None  # one worker: the mean is its own
+      decode = lambda sel=sel, payload=payload, gathered=gathered: (
+          sel.decode(payload, x.shape) if gathered is None else sel.aggregate(gathered, x.shape),
+          sel.decode(payload, x.shape))
+      mean_s, own_s = parallel.replicated_cond(on, decode, lambda: (jnp.zeros_like(mean), jnp.zeros_like(own)))
+      mean, own = jnp.where(on, mean_s, mean), jnp.where(on, own_s, own)
+      overflow = jnp.where(on, metrics["overflow"], overflow)
+    return core.Exchanged(mean=mean, own=own, payload=None, state=optax.safe_increment(state),
+                          metrics={"overflow": overflow})
 
-    def branch(density):
-      def run():
-        ex = parallel.exchange(self.selector(density), x, key, axis_name, need_own=True)
-        return ex.mean, ex.own, ex.metrics["overflow"]
-      return run
 
-    mean, own, overflow = lax.switch(stage, [branch(d) for d in self.densities])
-    wire = _choose_count(self.stage_bytes(x.shape), stage)
-    return core.Exchanged(mean=mean, own=own, payload=None, wire_bytes=wire,
-                          state=optax.safe_increment(state), metrics={"overflow": overflow})
+def _zeros(structs: Any) -> Any:
+  return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), structs)
 
 
 def clip_locally(grads: Any, clip_norm: float, axis_name: parallel.AxisName) -> Any:

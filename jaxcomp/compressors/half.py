@@ -74,7 +74,6 @@ from jaxcomp import core
 from jaxcomp import hyperparams
 from jaxcomp import parallel
 from jaxcomp import transforms
-from jaxcomp import two_phase
 
 DTYPES = {"bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -107,17 +106,12 @@ class Half(core.Compressor):
   def decode(self, payload, shape):
     return payload.values.astype(jnp.float32).reshape(shape)
 
-  def received_bytes(self, wire_bytes, workers):
-    """Bytes one worker receives (jaxcomp.two_phase): an all-reduce, a ring's 2(N−1)/N of what it hands."""
-    return two_phase.allreduce_received(wire_bytes, workers)
-
   def exchange(self, x, key, axis_name, state):
     workers = parallel.axis_size(axis_name)
     payload = self.encode(x / workers, key, None)
-    total = (yield core.Message("sum", payload)) if parallel.axis_names(axis_name) else payload
+    total = yield core.Message("sum", payload)
     own = self.decode(payload, x.shape) * workers
-    return core.Exchanged(mean=self.decode(total, x.shape), own=own, payload=payload,
-                          wire_bytes=core.tree_nbytes(payload), state=state)
+    return core.Exchanged(mean=self.decode(total, x.shape), own=own, payload=payload, state=state)
 
 
 @hyperparams.factory()

@@ -60,7 +60,8 @@ from jaxcomp import core
 from jaxcomp import hyperparams
 from jaxcomp import parallel
 from jaxcomp import transforms
-from jaxcomp import two_phase
+from jaxcomp.exchange import two_phase
+from jaxcomp.exchange import plan
 
 # Per-step reference sizes, reported on every step (the rest are zeroed between exchanges).
 REFERENCE_METRICS = ("float32_bytes", "compressed_float32_bytes")
@@ -133,7 +134,7 @@ def on_last_step(k: int, mini_step: jax.Array, step, operands: tuple[Any, Any, A
 def make_exchange(exchange: Union[None, str, optax.GradientTransformation], axis_name: parallel.AxisName,
                   exchange_kwargs: dict[str, Any], owner: str, what: str) -> optax.GradientTransformationExtraArgs:
   """The exchange of a wrapper (``owner``, which exchanges ``what``): see :func:`local_steps`' ``exchange``."""
-  if isinstance(exchange, str) and exchange in two_phase.EXCHANGES:
+  if isinstance(exchange, str) and exchange in plan.EXCHANGES:
     raise ValueError(
         f"{owner}'s `exchange` says what exchanges {what} (a compressor's name or a "
         f"transform), not how a compressor's payloads travel; for the {exchange!r} exchange of a "

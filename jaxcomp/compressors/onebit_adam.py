@@ -13,7 +13,7 @@ and the momentum can be exchanged with error-compensated 1-bit compression
 * **compression** (from step ``freeze_step + 1`` on): ``v`` is frozen; worker
   ``i`` updates the momentum with its own gradient,
   ``m_i = β1·m + (1−β1)·g_i`` (Algorithm 1, line 6), and the ``m_i`` are
-  averaged by jaxcomp's two-phase exchange (:mod:`jaxcomp.two_phase`) with
+  averaged by jaxcomp's two-phase exchange (:mod:`jaxcomp.exchange.two_phase`) with
   error feedback in both phases: the worker compresses ``m_i + δ_i`` and
   keeps the **worker error** ``δ_i`` (line 7, the shared residual of
   :func:`jaxcomp.compress`); the worker that reduces shard ``j`` compresses
@@ -56,7 +56,7 @@ Decisions (tested in ``tests/test_onebit_adam.py``):
   float32 per tensor and worker are counted in the bytes.
 * **Small tensors**: a tensor of fewer than ``N·40`` values is too small to
   split over ``N`` workers and takes the all-gather of the 1-bit payloads
-  (:func:`jaxcomp.two_phase.choose`): it has a worker error and no server
+  (:func:`jaxcomp.exchange.plan.choose`): it has a worker error and no server
   error (its mean is not re-compressed), and the identity holds with
   ``δ̄ = 0``. ``exchange="all_gather"`` does that for every tensor;
   ``skip``/``min_size`` keep tensors in float (their momentum is averaged in
@@ -121,10 +121,9 @@ from jaxcomp import core
 from jaxcomp import hyperparams
 from jaxcomp import parallel
 from jaxcomp import transforms
-from jaxcomp import two_phase
 from jaxcomp.compressors.ef_signsgd import EFSignSGD, ScaledSignPayload
 from jaxcomp.compressors.signsgd import sign_bits
-from jaxcomp.count import Count
+from jaxcomp.exchange import plan
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,13 +164,9 @@ def _counters(state: Any, fn) -> Any:
   return jax.tree.map(fix, state, is_leaf=lambda x: isinstance(x, core.WorkerLocal))
 
 
-def _silenced(state: Any, received: Any = None) -> Any:
-  """Every counter 0 (traced form): this exchange did not run; ``received_bytes`` set if given."""
-  def fn(k, c):
-    if k == "received_bytes" and received is not None:
-      return Count(received).traced()
-    return c.zeros_like()
-  return _counters(state, fn)
+def _silenced(state: Any) -> Any:
+  """Every counter 0 (traced form): this exchange did not run."""
+  return _counters(state, lambda k, c: c.zeros_like())
 
 
 def _traced(state: Any) -> Any:
@@ -199,7 +194,7 @@ def scale_by_onebit_adam(
     *,
     freeze_step: int,
     axis_name: parallel.AxisName = None,
-    exchange: two_phase.Exchange = "two_phase",
+    exchange: plan.Exchange = "two_phase",
     **compress_kwargs: Any,
 ) -> optax.GradientTransformationExtraArgs:
   """1-bit Adam's exchange and preconditioning: updates are ``m̂/(√v̂ + ε)`` (no learning rate).
@@ -236,11 +231,10 @@ def scale_by_onebit_adam(
   unexpected = sorted(set(compress_kwargs) - {"skip", "min_size", "seed", "nonfinite", "bucket_bytes", "within"})
   if unexpected:
     raise TypeError(f"onebit_adam got unexpected keyword arguments {unexpected}.")
-  warm_tx = transforms.compress(None, axis_name=axis_name, **{
+  warm_tx = transforms.compress(None, axis_name=axis_name, exchange=exchange, **{
       k: v for k, v in compress_kwargs.items() if k in ("bucket_bytes", "within")})
   onebit_tx = transforms.compress(OneBitAdamSign(), axis_name=axis_name, error_feedback=True,
                                   exchange=exchange, **compress_kwargs)
-  routed = exchange != "all_gather"
 
   def init_fn(params):
     zeros = jax.tree.map(lambda p: jnp.zeros(jnp.shape(p), jnp.float32), params)
@@ -252,14 +246,6 @@ def scale_by_onebit_adam(
         compressed=_silenced(onebit_tx.init(params)),
     )
 
-  def warm_received(grads) -> Any:
-    """Bytes a ring all-reduce of the float gradients brings to one worker (per tensor, as compress counts)."""
-    if not routed:
-      return None
-    n = parallel.axis_size(axis_name)
-    return sum(two_phase.allreduce_received(core.size_of(g.shape) * g.dtype.itemsize, n)
-               for g in jax.tree.leaves(grads))
-
   def update_fn(updates, state, params=None, **extra_args):
     del params, extra_args
 
@@ -268,7 +254,7 @@ def scale_by_onebit_adam(
       mean = jax.tree.map(lambda g: g.astype(jnp.float32), mean)
       mu = optax.tree.update_moment(mean, mu, b1, 1)
       nu = optax.tree.update_moment_per_elem_norm(mean, nu, b2, 2)
-      return mu, nu, _traced(warm_state), _silenced(onebit_state, warm_received(updates))
+      return mu, nu, _traced(warm_state), _silenced(onebit_state)
 
     def compressed(mu, nu, warm_state, onebit_state):
       local = jax.tree.map(lambda g, m: b1 * m + (1 - b1) * g.astype(jnp.float32), updates, mu)
@@ -296,7 +282,7 @@ def onebit_adam(
     *,
     freeze_step: int,
     axis_name: parallel.AxisName = None,
-    exchange: two_phase.Exchange = "two_phase",
+    exchange: plan.Exchange = "two_phase",
     **compress_kwargs: Any,
 ) -> optax.GradientTransformationExtraArgs:
   """1-bit Adam as an optax optimizer, used like ``optax.adam`` (it averages over ``axis_name`` itself).

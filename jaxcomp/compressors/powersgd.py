@@ -72,7 +72,6 @@ from jaxcomp import core
 from jaxcomp import hyperparams
 from jaxcomp import parallel
 from jaxcomp import transforms
-from jaxcomp import two_phase
 from jaxcomp.compressors import _select
 
 
@@ -123,10 +122,6 @@ class PowerSGD(core.Compressor):
     r = min(self.rank, n, m)
     return n, m, (r if r * (n + m) < n * m else 0)
 
-  def received_bytes(self, wire_bytes, workers):
-    """Bytes one worker receives (jaxcomp.two_phase): all-reduces, a ring's 2(N−1)/N of what it hands."""
-    return two_phase.allreduce_received(wire_bytes, workers)
-
   def init_state(self, shape, key):
     n, m, r = self.matrix(shape)
     if r == 0:
@@ -138,8 +133,8 @@ class PowerSGD(core.Compressor):
   def exchange(self, x, key, axis_name, state):
     n, m, r = self.matrix(x.shape)
     if r == 0:
-      mean = (yield core.Message("mean", x)) if parallel.axis_names(axis_name) else x
-      return core.Exchanged(mean=mean, own=x, payload=UncompressedPayload(x), wire_bytes=x.nbytes, state=None)
+      mean = yield core.Message("mean", x)
+      return core.Exchanged(mean=mean, own=x, payload=UncompressedPayload(x), state=None)
     mat = x.reshape(n, m)
     if self.warm_start:
       q_prev = state
@@ -149,14 +144,14 @@ class PowerSGD(core.Compressor):
       draw, next_key = jax.random.split(state)
       q_prev = jax.random.normal(draw, (m, r), jnp.float32)
     p_local = mat @ q_prev
-    p = orthogonalize((yield core.Message("mean", p_local)) if parallel.axis_names(axis_name) else p_local)
+    p = orthogonalize((yield core.Message("mean", p_local)))
     q_local = mat.T @ p
-    q = (yield core.Message("mean", q_local)) if parallel.axis_names(axis_name) else q_local
+    q = yield core.Message("mean", q_local)
     approx = (p @ q.T).reshape(x.shape)
     alive = jnp.sum(q * q, axis=0) > 0
     new_state = jnp.where(alive, q, q_prev) if self.warm_start else next_key
     payload = PowerSGDPayload(p=p_local, q=q_local)
-    return core.Exchanged(mean=approx, own=approx, payload=payload, wire_bytes=core.tree_nbytes(payload), state=new_state)
+    return core.Exchanged(mean=approx, own=approx, payload=payload, state=new_state)
 
 
 @hyperparams.factory(rank="the shapes of the factors P and Q on the wire")

@@ -71,7 +71,7 @@ from jax import lax
 
 from jaxcomp import core
 from jaxcomp import hyperparams
-from jaxcomp import layout as layout_lib
+from jaxcomp.exchange import layout as layout_lib
 from jaxcomp import rng
 from jaxcomp import transforms
 from jaxcomp.codecs import bits

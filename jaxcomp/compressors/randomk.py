@@ -75,7 +75,6 @@ from jaxcomp import core
 from jaxcomp import hyperparams
 from jaxcomp import parallel
 from jaxcomp import transforms
-from jaxcomp import two_phase
 from jaxcomp.compressors import _select
 
 CANDIDATES = 128  # draws of the multiplier a; P(none coprime to n) < 0.85**128 < 1e-9 for n < 2**31
@@ -194,10 +193,6 @@ class RandomK(core.Compressor):
     a, b = affine_map(draw, n)
     return affine_indices(a, b, n, self.slots(n)), next_key
 
-  def received_bytes(self, wire_bytes, workers):
-    """Bytes one worker receives (jaxcomp.two_phase): an all-reduce, a ring's 2(N−1)/N of what it hands."""
-    return two_phase.allreduce_received(wire_bytes, workers)
-
   def exchange(self, x, key, axis_name, state):
     del key  # per worker; the indices come from the shared state
     n = x.size
@@ -207,12 +202,11 @@ class RandomK(core.Compressor):
     if self.capacity is not None:  # the first k slots are filled, the rest hold 0 (their indices are distinct)
       values = jnp.where(lax.iota(jnp.int32, idx.shape[0]) < self.k(n), values, 0.0)
     payload = RandomKPayload(values=values)
-    total = (yield core.Message("sum", payload.values)) if parallel.axis_names(axis_name) else payload.values
+    total = yield core.Message("sum", payload.values, encoded=self.encoded_bytes(payload, x.shape))
     factor = n / self.k(n) if self.scale else 1.0
     scatter = lambda v: jnp.zeros((n,), jnp.float32).at[idx].set(v * factor, unique_indices=True).reshape(x.shape)
     mean = scatter(total / parallel.axis_size(axis_name))
-    return core.Exchanged(mean=mean, own=scatter(payload.values), payload=payload,
-                          wire_bytes=core.tree_nbytes(payload), state=next_state)
+    return core.Exchanged(mean=mean, own=scatter(payload.values), payload=payload, state=next_state)
 
 
 @hyperparams.factory(capacity="the number of values on the wire")

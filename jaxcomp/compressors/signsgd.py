@@ -49,7 +49,7 @@ import optax
 from jaxcomp import core
 from jaxcomp import hyperparams
 from jaxcomp import transforms
-from jaxcomp import two_phase
+from jaxcomp.exchange import two_phase
 from jaxcomp.codecs import bits
 
 
@@ -88,7 +88,7 @@ class SignSGD(core.Compressor):
     votes = jax.vmap(lambda p: self._votes(p, n))(gathered)
     return jnp.sign(core.sum_leading(votes)).astype(jnp.float32).reshape(shape)
 
-  # The two-phase exchange (jaxcomp.two_phase): exact integer vote counts in
+  # The two-phase exchange (jaxcomp.exchange.two_phase): exact integer vote counts in
   # phase 1, their sign (ties 0) in base-3^5 in phase 2.
   def reduce_chunks(self, received, shape):
     n = core.size_of(shape)

@@ -45,7 +45,7 @@ import optax
 
 from jaxcomp import core
 from jaxcomp import hyperparams
-from jaxcomp import layout as layout_lib
+from jaxcomp.exchange import layout as layout_lib
 from jaxcomp import rng
 from jaxcomp import transforms
 from jaxcomp.codecs import twobit
@@ -58,14 +58,14 @@ class TernGradPayload(NamedTuple):
 
 
 def bucket_moments(x: jax.Array, layout: layout_lib.Layout) -> tuple[jax.Array, jax.Array]:
-  """``(σ, max|x|)`` of every tensor of a bucket (``x``: its :meth:`~jaxcomp.layout.Layout.join`).
+  """``(σ, max|x|)`` of every tensor of a bucket (``x``: its :meth:`~jaxcomp.exchange.layout.Layout.join`).
 
   ``σ`` is the population std, two-pass (stable); both are vectors with one
   value a tensor, reduced by chunk and then by tensor
-  (:meth:`~jaxcomp.layout.Layout.tensor_sum`): a few kernels for the bucket,
+  (:meth:`~jaxcomp.exchange.layout.Layout.tensor_sum`): a few kernels for the bucket,
   where a tensor's own reductions launched four (the plain form for one
   tensor is ``jnp.std(x), jnp.max(jnp.abs(x))``). Both paddings are masked
-  out of the deviations (:meth:`~jaxcomp.layout.Layout.own`); ``max|x|`` is ``≥ 0`` so zero padding leaves it. An
+  out of the deviations (:meth:`~jaxcomp.exchange.layout.Layout.own`); ``max|x|`` is ``≥ 0`` so zero padding leaves it. An
   empty tensor has ``σ = max|x| = 0``.
   """
   n = jnp.asarray([float(max(size, 1)) for size in layout.sizes], jnp.float32)  # float: any size
@@ -106,7 +106,7 @@ class TernGrad(core.BucketCompressor):
 
   A bucket of tensors is ternarized and packed at once (``bucket_encode``):
   each tensor's ``σ``, bound and scalar are its own, spread over its columns
-  of the bucket's layout (:mod:`jaxcomp.layout`: four planes, the 2-bit
+  of the bucket's layout (:mod:`jaxcomp.exchange.layout`: four planes, the 2-bit
   packing's), and the hash draws by each value's index within its tensor.
 
   Attributes:

@@ -78,9 +78,8 @@ from jaxcomp import parallel
 from jaxcomp import transforms
 from jaxcomp.codecs import base243
 from jaxcomp.codecs import zerorun
-from jaxcomp.count import Count
 from jaxcomp.compressors._quant import max_abs, safe_reciprocal
-from jaxcomp.layout import materialize
+from jaxcomp.exchange.layout import materialize
 
 
 class ThreeLCPayload(NamedTuple):
@@ -110,7 +109,7 @@ class ThreeLC(core.BucketCompressor):
   """3LC's per-tensor compressor (see the module docstring).
 
   With the base-3^5 wire (``capacity=None``) a bucket is quantized and
-  base-3^5-encoded at once (``bucket_encode``; :mod:`jaxcomp.layout` with the
+  base-3^5-encoded at once (``bucket_encode``; :mod:`jaxcomp.exchange.layout` with the
   encoding's five planes); every tensor's zero-run size is counted in one pass over
   the bucket (:func:`jaxcomp.codecs.zerorun.zero_run_lengths`), and error
   feedback takes ``round(x/m)·m`` from the tensors (:meth:`own_bucket`).
@@ -228,7 +227,7 @@ class ThreeLC(core.BucketCompressor):
 
   # -- zero-run wire (capacity=f) --------------------------------------------
 
-  # The two-phase exchange (jaxcomp.two_phase) sends zero-run buffers in both
+  # The two-phase exchange (jaxcomp.exchange.two_phase) sends zero-run buffers in both
   # phases, with a plain base-3^5 round where a stream did not fit.
   @property
   def plain_compressor(self) -> Optional["ThreeLC"]:
@@ -248,30 +247,25 @@ class ThreeLC(core.BucketCompressor):
     cap = self._capacity_bytes(n)
     packed = zerorun.zero_run_pack_fixed(codes, cap)
     payload = ThreeLCZeroRunPayload(buffer=packed.buffer, length=packed.length, scale=m)
-    first = core.tree_nbytes(payload)
-    fallback_bytes = codes.nbytes
+    payload = lax.optimization_barrier(payload)  # materialized before the collective (see allgather.exchange_steps)
+    gathered = yield core.Message("gather", payload, encoded=self.encoded_bytes(payload, shape))
+    all_fit = jnp.all(gathered.length <= cap)  # the same on every worker: all lengths were gathered
+    # The plain round resends what the stream encoded: no more encoded bytes where those are the stream's.
+    plain = yield core.Message("gather", codes, when=~all_fit, encoded=0 if self.zero_run else None)
+    rounds = {"zero_run_fallback_rounds": (~all_fit).astype(jnp.int32)}
     if not parallel.axis_names(axis_name):
-      rounds = {"zero_run_fallback_rounds": (~packed.fits).astype(jnp.int32)}
-      wire = Count(first) + jnp.where(packed.fits, 0, fallback_bytes)
-      return core.Exchanged(mean=own, own=own, payload=payload, wire_bytes=wire, state=None, metrics=rounds)
-
-    payload = lax.optimization_barrier(payload)  # materialized before the collective, as parallel.exchange does
-    gathered = yield core.Message("gather", payload)
-    all_fit = jnp.all(gathered.length <= cap)
+      return core.Exchanged(mean=own, own=own, payload=payload, state=None, metrics=rounds)
     workers = gathered.scale.shape[0]
 
     def from_buffers():
       return core.sum_leading(jax.vmap(lambda p: self.decode(p, shape))(gathered)) / workers
 
     def from_plain():
-      plain = parallel.all_gather(codes, axis_name)
       dec = jax.vmap(lambda c, s: self.decode(ThreeLCPayload(c, s), shape))(plain, gathered.scale)
       return core.sum_leading(dec) / workers
 
-    mean = lax.cond(all_fit, from_buffers, from_plain)
-    rounds = {"zero_run_fallback_rounds": (~all_fit).astype(jnp.int32)}
-    wire = Count(first) + jnp.where(all_fit, 0, fallback_bytes)
-    return core.Exchanged(mean=mean, own=own, payload=payload, wire_bytes=wire, state=None, metrics=rounds)
+    mean = parallel.replicated_cond(all_fit, from_buffers, from_plain)
+    return core.Exchanged(mean=mean, own=own, payload=payload, state=None, metrics=rounds)
 
 
 @hyperparams.factory(capacity="the size of the zero-run buffer on the wire")

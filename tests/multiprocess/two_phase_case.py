@@ -2,7 +2,7 @@
 
 import jax
 
-from jaxcomp import two_phase as tp
+from jaxcomp.exchange import two_phase as tp
 from jaxcomp.compressors.terngrad import TernGrad
 from jaxcomp.compressors.threelc import ThreeLC
 

@@ -1,7 +1,7 @@
 """One process of the two-phase multi-process test: jax.distributed on localhost, gloo collectives.
 
 Usage: python two_phase_worker.py PORT NUM_PROCESSES PROCESS_ID OUT.npz
-Runs jaxcomp.two_phase.two_phase_exchange under jax.shard_map over a mesh of
+Runs jaxcomp.exchange.two_phase.two_phase_exchange under jax.shard_map over a mesh of
 one CPU device per process and saves this process's mean, own decode and
 shard residual.
 """

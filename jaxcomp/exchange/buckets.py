@@ -7,8 +7,8 @@ such pass for all-gathers or all-to-alls. So the tensors are grouped into
 buckets, as Horovod's fusion buffer and PyTorch DDP's gradient buckets group
 them, and every collective round of a bucket runs once for all its tensors.
 
-How: every exchange (:func:`jaxcomp.parallel.exchange_steps`,
-:func:`jaxcomp.two_phase.two_phase_steps`, the compressors' own) is a
+How: every exchange (:func:`jaxcomp.exchange.allgather.exchange_steps`,
+:func:`jaxcomp.exchange.two_phase.two_phase_steps`, the compressors' own) is a
 generator that yields a :class:`~jaxcomp.core.Message` per collective it
 needs and gets the result back. :func:`run` runs the buckets in order and a
 bucket's exchanges in lockstep; at each round it joins the bucket's messages
@@ -31,16 +31,16 @@ ring all-reduce may add a value's terms in an order that depends on where the
 value sits in the buffer. And where a compressor does float matrix products around its
 messages, PowerSGD, XLA:CPU may compile them with other fusions in the bucketed program than
 in the per-tensor one, which round differently by a few ulp: measured with one device per
-worker, not with vmap inside shard_map.) Rounds that run inside a ``lax.cond`` (3LC's
-zero-run fallback) call their collectives directly and stay per tensor.
+worker, not with vmap inside shard_map.) A conditional round
+(``Message.when``: 3LC's zero-run fallback) travels alone, inside its ``lax.cond``.
 
 Encoding per bucket. Fusing the collectives leaves the compute per tensor:
 one encode and one decode kernel per tensor. A compressor whose encoder is
 elementwise given per-tensor parameters (``bucket_encode``:
 :class:`~jaxcomp.core.BucketCompressor`: TernGrad, QSGD, int8, 3LC) encodes a
 bucket at once instead: :func:`jaxcomp.transforms.compress` hands the bucket's
-tensors to one :func:`jaxcomp.parallel.bucket_exchange_steps`, which lays them
-side by side (:mod:`jaxcomp.layout`), reduces the per-tensor statistics (a
+tensors to one :func:`jaxcomp.exchange.allgather.bucket_exchange_steps`, which lays them
+side by side (:mod:`jaxcomp.exchange.layout`), reduces the per-tensor statistics (a
 scale, a norm, TernGrad's σ, the non-finite check) for the whole bucket at once
 (by chunk, then by tensor), and encodes, gathers and aggregates the bucket as
 one. The bucket's
@@ -80,6 +80,7 @@ from jax import lax
 
 from jaxcomp import core
 from jaxcomp import parallel
+from jaxcomp.exchange import transport
 
 DEFAULT_BUCKET_BYTES = 2**19
 
@@ -118,7 +119,8 @@ def assign(sizes: Sequence[int], bucket_bytes: int) -> list[list[int]]:
   return out
 
 
-def run(steps: Sequence[Any], sizes: Sequence[int], bucket_bytes: int, axis_name: parallel.AxisName) -> list[Any]:
+def run(steps: Sequence[Any], sizes: Sequence[int], bucket_bytes: int,
+        axis_name: parallel.AxisName) -> tuple[list[Any], list[transport.Traffic]]:
   """Runs every exchange of ``steps`` in lockstep, with one fused collective per bucket and round.
 
   Args:
@@ -132,19 +134,23 @@ def run(steps: Sequence[Any], sizes: Sequence[int], bucket_bytes: int, axis_name
       workers alone nothing crosses a wire, and every exchange runs alone.
 
   Returns:
-    The exchanges' results, in the order of ``steps``.
+    The exchanges' results, in the order of ``steps``, and the bytes each
+    moved (:class:`~jaxcomp.exchange.transport.Traffic`: a fused collective
+    moves the sum of its parts, each counted to its exchange).
   """
   fuse = bucket_bytes > 0 and any(
       parallel.is_device_axis(n) for n in parallel.axis_names(axis_name))
   if not fuse:
-    return [parallel.run(s, axis_name) for s in steps]
-  return _pipelined(steps, assign(sizes, bucket_bytes), axis_name)
+    return tuple(map(list, zip(*[transport.counted(s, axis_name) for s in steps]))) if steps else ([], [])
+  traffic = [transport.Traffic() for _ in steps]
+  return _pipelined(steps, assign(sizes, bucket_bytes), axis_name, traffic), traffic
 
 
 AHEAD = 2  # bucket k's all-gather carries the agreement of bucket k + AHEAD
 
 
-def _pipelined(steps: Sequence[Any], groups: Sequence[Sequence[int]], axis_name: parallel.AxisName) -> list[Any]:
+def _pipelined(steps: Sequence[Any], groups: Sequence[Sequence[int]], axis_name: parallel.AxisName,
+               traffic: list[transport.Traffic]) -> list[Any]:
   """Runs the buckets one after another, with one collective per bucket and round.
 
   A bucket's exchanges advance in lockstep: each round joins their messages
@@ -180,7 +186,7 @@ def _pipelined(steps: Sequence[Any], groups: Sequence[Sequence[int]], axis_name:
   ahead: dict[int, dict] = {}  # bucket -> its next messages, once its agreement went with an earlier round
 
   def advance(into: dict, i: int, reply: Any) -> None:
-    message, results[i] = parallel.advance(steps[i], reply)
+    message, results[i] = transport.advance(steps[i], reply)
     if message is not None:
       into[i] = message
 
@@ -205,19 +211,25 @@ def _pipelined(steps: Sequence[Any], groups: Sequence[Sequence[int]], axis_name:
         out += [(c, i) for i in sorted(first) if first[i].kind == "max"]
     return out
 
+  workers = parallel.axis_size(axis_name)
   for b in range(len(groups)):
     pending = ahead.pop(b) if b in ahead else start(b)
     while pending:
       current, pending = pending, {}
       rounds = {}
       for i in sorted(current):
-        rounds.setdefault(current[i].kind, []).append(i)
+        if current[i].when is not None:  # a conditional round (a fallback) travels alone, inside its lax.cond
+          advance(pending, i, transport.deliver(current[i], axis_name, traffic[i]))
+        else:
+          rounds.setdefault(current[i].kind, []).append(i)
       for kind, ids in rounds.items():
-        extra = riders(kind, b)
-        replies = deliver([current[i].tree for i in ids] + [ahead[c].pop(i).tree for c, i in extra], kind, axis_name)
+        extra = [(c, i, ahead[c].pop(i)) for c, i in riders(kind, b)]
+        for i, message in [(i, current[i]) for i in ids] + [(i, m) for _, i, m in extra]:
+          traffic[i].add(message, workers, kind)  # as it travels: a rider's max goes with the gather
+        replies = deliver([current[i].tree for i in ids] + [m.tree for _, _, m in extra], kind, axis_name)
         for i, reply in zip(ids, replies):
           advance(pending, i, reply)
-        for (c, i), reply in zip(extra, replies[len(ids):]):
+        for (c, i, _), reply in zip(extra, replies[len(ids):]):
           advance(ahead[c], i, jax.tree.map(parallel.max_leading, reply) if kind == "gather" else reply)
   return results
 
@@ -230,7 +242,7 @@ def deliver(trees: Sequence[Any], kind: str, axis_name: parallel.AxisName) -> li
   flat = [jax.tree.flatten(t) for t in trees]
   leaves = [jnp.asarray(leaf) for ls, _ in flat for leaf in ls]
   if len(leaves) <= 1:  # nothing to join
-    return [parallel.deliver(core.Message(kind, t), axis_name) for t in trees]
+    return [transport.collective(kind, t, axis_name) for t in trees]
   # Under shard_map's varying-axes typing a joined buffer varies over every axis any of its parts
   # varies over, and so would every part of the result: only arrays typed alike are joined (a
   # hierarchy's whole tensors, the same on every device of a host, apart from its slices).
@@ -314,7 +326,7 @@ def _reduced(leaves: list[jax.Array], kind: str, axis_name: parallel.AxisName) -
     by_dtype.setdefault(a.dtype, []).append(i)
   for ids in by_dtype.values():
     joined = jnp.concatenate([leaves[i].reshape(-1) for i in ids])
-    reduced = parallel.deliver(core.Message(kind, joined), axis_name)
+    reduced = transport.collective(kind, joined, axis_name)
     start = 0
     for i in ids:
       n = leaves[i].size

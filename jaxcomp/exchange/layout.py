@@ -50,7 +50,7 @@ def materialize(a: jax.Array) -> jax.Array:
   floats: ``x + (−0.0) = x`` for every float ``x``, signed zeros and NaN
   included), so the sum is ``a`` bit for bit. Its producers do fuse into it:
   not for a concatenation of many arrays (see :meth:`Layout.split`).
-  ``lax.optimization_barrier`` does not (see :func:`jaxcomp.parallel.exchange`
+  ``lax.optimization_barrier`` does not (see :func:`jaxcomp.exchange.allgather.exchange`
   for what it does). On GPU/TPU this costs one extra pass over ``a``; ``a``
   itself is the plain form.
   """

@@ -53,7 +53,12 @@ all workers), over ``axis_name``: a device's ``bytes_on_wire`` is the payload
 of its slices, so a host sends ``L`` times that across the network. The bytes
 handed to the collectives over ``within`` (reduce-scatter operands, pmeans of
 whole tensors, non-finite flags, the all-gathered slices) are the separate
-counter ``local_bytes``.
+counter ``local_bytes``, counted by the transport from those messages.
+
+A topology is what :func:`jaxcomp.compress` asks of the devices around a
+worker: :class:`Flat` (every worker exchanges its own gradient) or
+:class:`Local` (a host's devices share one exchange). Both answer the same
+steps, so an update has no branch for the hierarchy.
 """
 
 from __future__ import annotations
@@ -64,10 +69,12 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxcomp import buckets
 from jaxcomp import core
 from jaxcomp import parallel
 from jaxcomp import rng
+from jaxcomp.count import Count
+from jaxcomp.exchange import buckets
+from jaxcomp.exchange import transport
 
 
 def split_axis(shape: Sequence[int], workers: int, compressor: Optional[core.Compressor],
@@ -120,6 +127,14 @@ class Local:
     names = parallel.axis_names(within)
     self.retype = tuple(sorted(parallel.checked_axes(within))) if self.workers > 1 else ()
     self.unbatch = tuple(n for n in names if not parallel.is_device_axis(n))
+    self.traffic = transport.Traffic()  # the messages over `within`: local_bytes
+
+  def _deliver(self, trees: Sequence[Any], kind: str, axis_name: parallel.AxisName = None) -> list[Any]:
+    """One fused collective of ``kind`` over ``within`` (or ``axis_name``) for ``trees``, each message counted."""
+    axis_name = self.within if axis_name is None else axis_name
+    for tree in trees:
+      self.traffic.add(core.Message(kind, tree), parallel.axis_size(axis_name))
+    return buckets.deliver(trees, kind, axis_name)
 
   def leaf_keys(self, step_key: jax.Array, ids: Sequence[int], axis_name: parallel.AxisName) -> dict[int, jax.Array]:
     """For every leaf of ``ids``, the keys of all ``ids`` (:func:`jaxcomp.rng.leaf_keys`, one row each) it
@@ -142,7 +157,7 @@ class Local:
 
     One reduce-scatter per dtype for all leaves (a whole leaf is cut into ``L``
     equal pieces, zero-padded, for it), then one all-gather of the whole
-    leaves' pieces (:func:`jaxcomp.buckets.deliver`): a sum whose order is the same in one process and in
+    leaves' pieces (:func:`jaxcomp.exchange.buckets.deliver`): a sum whose order is the same in one process and in
     several (an all-reduce's is not).
     """
     out = list(leaves)
@@ -154,14 +169,14 @@ class Local:
       # A reduce-scatter written as an all-to-all and a sum in a fixed order: the same bytes, and the
       # same sum in one process and in several (lax.psum_scatter's order is the collective library's:
       # between 4 devices over gloo a ring's, 1 ulp from XLA:CPU's in-process one).
-      received = parallel.all_to_all(jnp.concatenate(rows, axis=1), self.within)  # row v: device v's
+      received, = self._deliver([jnp.concatenate(rows, axis=1)], "all_to_all")  # row v: device v's
       mean = (core.sum_leading(received) / self.workers).astype(received.dtype)
       pieces, start = {}, 0
       for i, r in zip(ids, rows):
         pieces[i] = mean[start:start + r.shape[1]]
         start += r.shape[1]
       whole = [i for i in ids if not self.split[i]]
-      for i, gathered in zip(whole, buckets.deliver([pieces[i] for i in whole], "gather", self.within)):
+      for i, gathered in zip(whole, self._deliver([pieces[i] for i in whole], "gather")):
         pieces[i] = gathered.reshape(-1)[:core.size_of(jnp.shape(leaves[i]))]  # (L, piece): the whole leaf
       for i in ids:
         shape = jnp.shape(leaves[i])
@@ -179,11 +194,11 @@ class Local:
     return jnp.moveaxis(a, axis, 0).reshape(self.workers, -1)
 
   def gather(self, parts: Sequence[jax.Array]) -> list[jax.Array]:
-    """The whole leaves from every device's slices (one all-gather, :func:`jaxcomp.buckets.deliver`);
+    """The whole leaves from every device's slices (one all-gather, :func:`jaxcomp.exchange.buckets.deliver`);
     whole leaves as they are (or retyped, see ``retype``)."""
     out = self.same(parts)
     ids = [i for i, s in enumerate(self.split) if s]
-    for i, block in zip(ids, buckets.deliver([parts[i] for i in ids], "gather", self.within)):
+    for i, block in zip(ids, self._deliver([parts[i] for i in ids], "gather")):
       shape, axis = parts[i].shape, self.axis[i]  # block: (L,) + shape, slice l from device l
       out[i] = jnp.moveaxis(block, 0, axis).reshape(shape[:axis] + (shape[axis] * self.workers,) + shape[axis + 1:])
     return out
@@ -194,7 +209,7 @@ class Local:
     out = list(trees)
     whole = [i for i, s in enumerate(self.split) if not s and jax.tree.leaves(trees[i])]
     if self.retype and whole:
-      for i, same in zip(whole, buckets.deliver([out[i] for i in whole], "max", self.retype)):
+      for i, same in zip(whole, self._deliver([out[i] for i in whole], "max", self.retype)):
         out[i] = same
     for name in self.unbatch:
       for i in whole:
@@ -224,21 +239,60 @@ class Local:
 
   def any(self, flags: jax.Array) -> jax.Array:
     """The host's flags: ``flags`` (bool) set on any device of ``within`` (one pmax)."""
-    return parallel.pmax(flags.astype(jnp.uint8), self.within) > 0
+    return self._deliver([flags.astype(jnp.uint8)], "max")[0] > 0
 
-  def bytes(self, leaves: Sequence[jax.Array], flags: int, states: Sequence[Any]) -> int:
-    """Bytes this device hands to the collectives over ``within``: the reduce-scatter's operand, the
-    pieces it all-gathers (of split leaves after the exchange, of whole ones before), the ``flags``
-    bytes, and the whole tensors and their compressor ``states`` it retypes."""
-    total = flags
-    for a, s, state in zip(leaves, self.split, states):
-      itemsize = jnp.dtype(jnp.result_type(a)).itemsize
-      n = core.size_of(jnp.shape(a))
-      piece = -(-n // self.workers) * itemsize
-      total += self.workers * piece + piece
-      if not s and self.retype:
-        total += n * itemsize + core.tree_nbytes(state)
-    return total
+  def host_flags(self, xs, bad, layouts, together, compressed, set_aside):
+    """A tensor's flag is the host's: ``xs`` and ``bad`` updated, the layouts' joins zeroed alike (``set_aside``)."""
+    if not compressed:
+      return layouts
+    host_bad = self.any(jnp.stack([bad[i] for i in compressed]))
+    for i, b in zip(compressed, host_bad):
+      xs[i], bad[i] = jnp.where(b, jnp.zeros_like(xs[i]), xs[i]), b
+    return [lay if lay.joined is None else set_aside(lay, jnp.stack([bad[i] for i in ids]))
+            for lay, ids in zip(layouts, together)]
+
+  def whole(self, updates, inners, residuals, shards):
+    """Whole tensors on every device of the host: the updates and states of the update's slices."""
+    return self.gather(updates), self.same(inners), self.put(residuals), self.put(shards)
+
+  def count(self, metrics: dict[str, Count]) -> dict[str, Count]:
+    """The counters per device: a host's non-finite tensor once (on device 0), and ``local_bytes``.
+
+    Every count depends on the host's size, which init's abstract trace sets to 1: traced, so
+    that the state keeps one structure.
+    """
+    metrics = {name: value.traced() for name, value in {**metrics, "local_bytes": self.traffic.sent}.items()}
+    metrics["nonfinite_tensors"] = metrics["nonfinite_tensors"].where(self.index == 0)
+    return metrics
+
+
+class Flat:
+  """The topology without a hierarchy: every worker exchanges its own whole gradient (every step the identity)."""
+
+  def __init__(self, axis_name: parallel.AxisName):
+    self.axis_name = axis_name
+
+  def scatter(self, leaves):
+    return list(leaves)
+
+  take = scatter
+
+  def separate(self, groups):
+    return [list(g) for g in groups]
+
+  def leaf_keys(self, step_key, ids, axis_name):
+    stacked = rng.leaf_keys(step_key, ids, parallel.axis_index(axis_name))
+    return {i: stacked for i in ids}
+
+  def host_flags(self, xs, bad, layouts, together, compressed, set_aside):
+    del xs, bad, together, compressed, set_aside
+    return layouts
+
+  def whole(self, updates, inners, residuals, shards):
+    return updates, inners, residuals, shards
+
+  def count(self, metrics):
+    return metrics
 
 
 def _is_array(a: Any) -> bool:

@@ -1,6 +1,6 @@
 """Two-phase compressed all-reduce: reduce-scatter of compressed chunks, then all-gather.
 
-The default exchange (:func:`jaxcomp.parallel.exchange`) hands
+The default exchange (:func:`jaxcomp.exchange.allgather.exchange`) hands
 every worker's whole payload of ``P`` bytes to ``lax.all_gather``, so each
 worker receives ``(N − 1)·P`` bytes, a figure that grows with the number of
 workers ``N``; a float ring all-reduce receives ``2(N − 1)/N·4n``. The
@@ -24,7 +24,7 @@ compressed model pulls, §3 and Fig. 1). Per tensor, on worker ``w`` of ``N``:
    worker all ``N`` shards, which it decodes and concatenates.
 
 Each worker receives ``N − 1`` chunk payloads and ``N − 1`` shard payloads:
-``≈ 2(N − 1)/N·P`` bytes plus per-chunk scalars (:func:`two_phase_bytes`).
+``≈ 2(N − 1)/N·P`` bytes plus per-chunk scalars (:func:`jaxcomp.exchange.plan.traffic`).
 
 Semantics (tested in ``tests/test_two_phase.py``):
 
@@ -90,19 +90,11 @@ from jax import lax
 from jaxcomp import core
 from jaxcomp import parallel
 from jaxcomp.codecs import base243
-from jaxcomp.count import Count
-
-Exchange = Literal["all_gather", "two_phase", "auto"]
-EXCHANGES = ("all_gather", "two_phase", "auto")
+from jaxcomp.exchange import transport
 
 # Chunk lengths are a multiple of 40 = lcm(4, 5, 8): whole bytes for 2-bit,
 # base-3^5 and 1-bit codes, so no chunk pays for a partly filled byte.
 ALIGN = 40
-
-
-def check_exchange(exchange: str) -> None:
-  if exchange not in EXCHANGES:
-    raise ValueError(f"exchange must be one of {', '.join(map(repr, EXCHANGES))}; got {exchange!r}.")
 
 
 def unsupported(compressor: core.Compressor) -> Optional[str]:
@@ -115,16 +107,7 @@ def unsupported(compressor: core.Compressor) -> Optional[str]:
   return None
 
 
-def check(compressor: core.Compressor, exchange: str) -> None:
-  """Raises a clear error if ``exchange`` cannot be used with ``compressor``."""
-  check_exchange(exchange)
-  if exchange == "two_phase":
-    reason = unsupported(compressor)
-    if reason:
-      raise ValueError(reason)
-
-
-# -- the static layout and its bytes ------------------------------------------
+# -- the static layout ------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,74 +143,6 @@ def split(compressor: core.Compressor, n: int, workers: int) -> Optional[Split]:
   chunk = -(-n // workers)
   chunk = -(-chunk // a) * a
   return Split(n=n, workers=workers, chunk=chunk)
-
-
-def allreduce_received(nbytes: int, workers: int) -> int:
-  """Bytes one worker receives in a bandwidth-optimal (ring) all-reduce of ``nbytes``: ``2(N−1)/N·nbytes``."""
-  return -(-2 * (workers - 1) * int(nbytes) // workers) if workers > 1 else 0
-
-
-def _structs(compressor: core.Compressor, n: int):
-  """``(agreed, payload)`` ShapeDtypeStructs of encoding ``n`` values."""
-  x = jax.ShapeDtypeStruct((n,), jnp.float32)
-  key = jax.ShapeDtypeStruct((2,), jnp.uint32)
-  agreed = jax.eval_shape(compressor.agree, x)
-  payload = jax.eval_shape(compressor.encode, x, key, agreed)
-  return agreed, payload
-
-
-class Bytes(NamedTuple):
-  """Static bytes of one tensor's exchange, per worker and step.
-
-  ``handed``: bytes of the arrays this worker hands to collectives (the
-  convention of ``bytes_on_wire``); ``received``: bytes that arrive at this
-  worker from the others (``(N − 1)·P`` for an all-gather of ``P``-byte
-  payloads; agreement all-reduces counted as a ring's ``2(N−1)/N``).
-  """
-
-  handed: int
-  received: int
-
-
-def all_gather_bytes(compressor: core.Compressor, n: int, workers: int) -> Bytes:
-  """The all-gather exchange of ``n`` values: payload ``P`` plus the agreed scalars."""
-  agreed, payload = _structs(compressor, n)
-  p = core.tree_nbytes(payload)
-  a = core.tree_nbytes(agreed) if (agreed is not None and workers > 1) else 0
-  return Bytes(handed=p + a, received=(workers - 1) * p + allreduce_received(a, workers))
-
-
-def two_phase_bytes(compressor: core.Compressor, n: int, workers: int) -> Optional[Bytes]:
-  """The two-phase exchange of ``n`` values, or ``None`` if it is too small to split."""
-  lay = split(compressor, n, workers)
-  if lay is None or unsupported(compressor):
-    return None
-  agreed, chunk_payload = _structs(compressor, lay.chunk)
-  shard_c = shard_compressor(compressor)
-  _, shard_payload = _structs(shard_c, lay.chunk)
-  a = workers * core.tree_nbytes(agreed) if agreed is not None else 0
-  flag = 1 if _plain(compressor) is not None else 0  # agrees on a fallback round (none counted here)
-  p1, p2 = core.tree_nbytes(chunk_payload), core.tree_nbytes(shard_payload)
-  return Bytes(handed=workers * p1 + p2 + a + flag,
-               received=(workers - 1) * (p1 + p2) + allreduce_received(a, workers)
-               + allreduce_received(flag, workers))
-
-
-def choose(compressor: core.Compressor, n: int, workers: int, exchange: str) -> str:
-  """The exchange one tensor of ``n`` values uses: ``"all_gather"`` or ``"two_phase"``.
-
-  ``"auto"`` picks the one whose bytes received per worker are fewer (ties:
-  the all-gather, one round instead of two); a tensor too small to split,
-  a single worker, or a compressor with its own exchange use the all-gather.
-  """
-  check_exchange(exchange)
-  if exchange == "all_gather" or unsupported(compressor) or split(compressor, n, workers) is None:
-    return "all_gather"
-  if exchange == "two_phase":
-    return "two_phase"
-  ag = all_gather_bytes(compressor, n, workers).received
-  tp = two_phase_bytes(compressor, n, workers).received
-  return "two_phase" if tp < ag else "all_gather"
 
 
 # -- per-compressor hooks -----------------------------------------------------
@@ -271,20 +186,13 @@ class Ternary(core.Compressor):
 
 
 class TwoPhaseResult(NamedTuple):
-  """What :func:`two_phase_exchange` returns.
+  """What :func:`two_phase_exchange` returns (its bytes: the transport counts its messages).
 
   Attributes:
     mean: float32, the tensor's shape: the decoded shards, the same on every worker.
     own: float32, what this worker's phase-1 chunks decode to (``None`` unless
       asked): error feedback's ``x − own`` is the phase-1 residual.
     payload: this worker's phase-1 payload, ``N`` chunk payloads stacked.
-    wire_bytes: bytes this worker handed to collectives (all ``N`` chunk
-      payloads, the shard payload, the per-chunk agreed scalars), a
-      :class:`~jaxcomp.count.Count` (traced when a fallback round may run:
-      3LC's zero-run wire).
-    received_bytes: bytes that arrived from the other workers (a Count).
-    encoded_bytes: like ``wire_bytes`` with the exact size of a variable-length
-      encoding where the compressor has one (a uint32 scalar).
     shard_residual: the new full-size phase-2 residual (``None`` if none was given).
     metrics: the encoders' counters, summed over the chunks and the shard.
   """
@@ -292,9 +200,6 @@ class TwoPhaseResult(NamedTuple):
   mean: jax.Array
   own: Optional[jax.Array]
   payload: core.Payload
-  wire_bytes: Any
-  received_bytes: Any
-  encoded_bytes: Any
   shard_residual: Optional[jax.Array]
   metrics: dict[str, jax.Array]
 
@@ -309,9 +214,12 @@ def _decode_all(compressor: core.Compressor, payloads: core.Payload, chunk: int)
   return jax.vmap(lambda p: compressor.decode(p, (chunk,)))(payloads).reshape(-1)
 
 
-def _encoded(compressor: core.Compressor, payload: core.Payload, chunk: int, static: int) -> jax.Array:
-  size = compressor.encoded_bytes(payload, (chunk,))
-  return jnp.uint32(static) if size is None else jnp.asarray(size, jnp.uint32)
+def _encoded(compressor: core.Compressor, payloads: core.Payload, chunk: int) -> Optional[jax.Array]:
+  """The exact variable-length size of stacked chunk payloads (a message's ``encoded``), or ``None``."""
+  if compressor.encoded_bytes(jax.tree.map(lambda a: a[0], payloads), (chunk,)) is None:
+    return None
+  return jnp.sum(jax.vmap(lambda p: jnp.asarray(compressor.encoded_bytes(p, (chunk,)), jnp.uint32))(payloads),
+                 dtype=jnp.uint32)
 
 
 def _add(metrics: dict, more: dict) -> dict:
@@ -322,13 +230,10 @@ def _add(metrics: dict, more: dict) -> dict:
 
 
 class _Sent(NamedTuple):
-  """One phase's message: what it decodes to here, and its accounting."""
+  """One phase's message: what it decodes to here, and the encoders' counters."""
 
   payload: core.Payload
   decoded_here: Optional[jax.Array]  # what this worker's own message decodes to (flat), if asked
-  handed: Any
-  received: Any
-  encoded: jax.Array
   metrics: dict
 
 
@@ -336,16 +241,12 @@ def _phase1_encode(compressor, chunks, key, axis_name, need_own):
   """Agrees per chunk (one pmax of N values), encodes every chunk with its own key."""
   workers, c = chunks.shape
   agreed = jax.vmap(compressor.agree)(chunks)
-  agreement = 0
   if agreed is not None:
-    agreement = core.tree_nbytes(agreed)
     agreed = yield core.Message("max", agreed)
   keys = jax.vmap(lambda j: jax.random.fold_in(key, j))(jnp.arange(workers))
   payload, metrics = jax.vmap(compressor.encode_with_metrics)(chunks, keys, agreed)
-  payload = lax.optimization_barrier(payload)  # the wire: materialized once (see parallel.exchange)
+  payload = lax.optimization_barrier(payload)  # the wire: materialized once (see allgather.exchange_steps)
   metrics = _add(metrics, jax.vmap(lambda p: compressor.extra_metrics(p, (c,)))(payload))
-  p1 = core.tree_nbytes(payload) // workers
-  encoded = jnp.sum(jax.vmap(lambda p: _encoded(compressor, p, c, p1))(payload), dtype=jnp.uint32) + agreement
   plain = _plain(compressor)
   own = None
   if need_own:
@@ -353,40 +254,31 @@ def _phase1_encode(compressor, chunks, key, axis_name, need_own):
     # encoding quantizes the same way and always decodes.
     source = payload if plain is None else jax.vmap(plain.encode)(chunks, keys, agreed)
     own = _decode_all(plain or compressor, source, c)
-  sent = _Sent(payload, own, Count(workers * p1 + agreement),
-               Count((workers - 1) * p1 + allreduce_received(agreement, workers)), encoded, metrics)
-  return sent, (keys, agreed)
+  return _Sent(payload, own, metrics), (keys, agreed)
 
 
 def _phase1_reduce(compressor, sent, chunks, keys_agreed, axis_name):
   """Scatters chunk j to worker j and reduces what arrived; with a fallback wire, a plain round if needed."""
   workers, c = chunks.shape
-  received = yield core.Message("all_to_all", sent.payload)
+  received = yield core.Message("all_to_all", sent.payload, encoded=_encoded(compressor, sent.payload, c))
   plain = _plain(compressor)
   if plain is None:
     return reduce_chunks(compressor, received, c), sent
   # Every worker must take the same branch (the fallback runs a collective): agree on one flag.
   overflow = (yield core.Message("max", jnp.any(~compressor.fits(received)).astype(jnp.uint8))) > 0
-
-  def from_plain():
-    keys, agreed = keys_agreed
-    payload = jax.vmap(plain.encode)(chunks, keys, agreed)
-    return reduce_chunks(plain, parallel.all_to_all(payload, axis_name), c)
-
-  shard = lax.cond(overflow, from_plain, lambda: reduce_chunks(compressor, received, c))
-  p_plain = core.tree_nbytes(jax.eval_shape(plain.encode, chunks[0], keys_agreed[0][0], None))
-  extra = overflow.astype(jnp.uint32)
-  sent = sent._replace(
-      handed=sent.handed + 1 + extra * (workers * p_plain),
-      received=sent.received + allreduce_received(1, workers) + extra * ((workers - 1) * p_plain),
-      encoded=sent.encoded + 1,
-      metrics=_add(sent.metrics, {"zero_run_fallback_rounds": extra}))
-  return shard, sent
+  keys, agreed = keys_agreed
+  encode = lambda: jax.vmap(plain.encode)(chunks, keys, agreed)  # only where a stream overflowed
+  plain_payload = parallel.replicated_cond(
+      overflow, encode, lambda: jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), jax.eval_shape(encode)))
+  plain_received = yield core.Message("all_to_all", plain_payload, when=overflow, encoded=0)
+  shard = parallel.replicated_cond(overflow, lambda: reduce_chunks(plain, plain_received, c),
+                                   lambda: reduce_chunks(compressor, received, c))
+  return shard, sent._replace(metrics=_add(sent.metrics, {"zero_run_fallback_rounds": overflow}))
 
 
 def _phase2(compressor, shard, shard_residual, lay, key, axis_name):
   """Re-encodes this worker's shard (plus its residual), gathers all shards, decodes them."""
-  c, workers = lay.chunk, lay.workers
+  c = lay.chunk
   start = parallel.axis_index(axis_name) * c
   y = shard
   if shard_residual is not None:
@@ -395,36 +287,36 @@ def _phase2(compressor, shard, shard_residual, lay, key, axis_name):
   agreed = compressor.agree(y)  # one encoder per shard: its own scalars, no agreement round
   payload, metrics = compressor.encode_with_metrics(y, key, agreed)
   payload = lax.optimization_barrier(payload)
-  p2 = core.tree_nbytes(payload)
   metrics = _add(metrics, compressor.extra_metrics(payload, (c,)))
-  gathered = yield core.Message("gather", payload)
+  gathered = yield core.Message("gather", payload, encoded=_encoded(compressor, _stacked(payload), c))
   plain = _plain(compressor)
   if plain is None:
     mean = _decode_all(compressor, gathered, c)
     sent_here = compressor.decode(payload, (c,)) if shard_residual is not None else None
-    handed, received = Count(p2), Count((workers - 1) * p2)
   else:
     plain_payload = plain.encode(y, key, agreed)
     fits = jnp.all(compressor.fits(gathered))  # the same on every worker: all lengths were gathered
-    mean = lax.cond(fits, lambda: _decode_all(compressor, gathered, c),
-                    lambda: _decode_all(plain, parallel.all_gather(plain_payload, axis_name), c))
+    plain_gathered = yield core.Message("gather", plain_payload, when=~fits, encoded=0)
+    mean = parallel.replicated_cond(fits, lambda: _decode_all(compressor, gathered, c),
+                                    lambda: _decode_all(plain, plain_gathered, c))
     sent_here = plain.decode(plain_payload, (c,))
-    extra = (~fits).astype(jnp.uint32) * core.tree_nbytes(plain_payload)
-    handed, received = Count(p2) + extra, Count((workers - 1) * p2) + extra * (workers - 1)
     metrics = _add(metrics, {"zero_run_fallback_rounds": ~fits})
   new_residual = None
   if shard_residual is not None:
     kept = lax.dynamic_update_slice(jnp.zeros((lay.padded,), jnp.float32), y - sent_here, (start,))
     new_residual = kept[:lay.n].reshape(shard_residual.shape)
-  sent = _Sent(payload, None, handed, received, _encoded(compressor, payload, c, p2), metrics)
-  return mean[:lay.n], new_residual, sent
+  return mean[:lay.n], new_residual, _Sent(payload, None, metrics)
+
+
+def _stacked(payload: core.Payload) -> core.Payload:
+  return jax.tree.map(lambda a: a[None], payload)
 
 
 def two_phase_exchange(compressor: core.Compressor, x: jax.Array, key: jax.Array, axis_name: parallel.AxisName,
                        shard_residual: Optional[jax.Array] = None, *, need_own: bool = False) -> TwoPhaseResult:
   """The two-phase exchange of one tensor, run on its own (see :func:`two_phase_steps`)."""
-  return parallel.run(two_phase_steps(compressor, x, key, axis_name, shard_residual, need_own=need_own),
-                      axis_name)
+  return transport.run(two_phase_steps(compressor, x, key, axis_name, shard_residual, need_own=need_own),
+                       axis_name)
 
 
 def two_phase_steps(
@@ -439,10 +331,10 @@ def two_phase_steps(
   """The two-phase exchange of one tensor (see the module docstring), as a generator of messages.
 
   It yields its collectives as :class:`~jaxcomp.core.Message` s (run them with
-  :func:`jaxcomp.parallel.run`, or fused with other tensors' by
-  :func:`jaxcomp.buckets.run`) and returns a :class:`TwoPhaseResult`. The
-  fallback rounds of a compressor with a fallback wire run inside a
-  ``lax.cond`` and call their collectives directly.
+  :func:`jaxcomp.exchange.transport.run`, or fused with other tensors' by
+  :func:`jaxcomp.exchange.buckets.run`, which count their bytes) and returns a
+  :class:`TwoPhaseResult`. The fallback rounds of a compressor with a
+  fallback wire are conditional messages (``Message.when``).
 
   With a compressor that has a fallback wire (3LC with ``capacity``: its
   zero-run stream in a fixed buffer), both phases send the buffers; if a
@@ -458,7 +350,7 @@ def two_phase_steps(
     x: this worker's float32 tensor (error feedback already added).
     key: this worker's key for this tensor and step; phase 1 uses one half
       of it (folded with the chunk index), phase 2 the other.
-    axis_name: the worker axis, as for :func:`jaxcomp.parallel.exchange`.
+    axis_name: the worker axis, as for :func:`jaxcomp.exchange.allgather.exchange`.
     shard_residual: the full-size phase-2 residual (the tensor's shape,
       float32), or ``None`` for no phase-2 error feedback.
     need_own: also return ``own`` (error feedback needs it).
@@ -468,9 +360,11 @@ def two_phase_steps(
 
   Raises:
     ValueError: for a compressor with its own exchange, or a tensor too small
-      to split over this axis (use :func:`choose` first).
+      to split over this axis (use :func:`jaxcomp.exchange.plan.choose` first).
   """
-  check(compressor, "two_phase")
+  reason = unsupported(compressor)
+  if reason:
+    raise ValueError(reason)
   shape, n = x.shape, x.size
   workers = parallel.axis_size(axis_name)
   lay = split(compressor, n, workers)
@@ -488,36 +382,9 @@ def two_phase_steps(
       mean=mean.reshape(shape),
       own=own,
       payload=first.payload,
-      wire_bytes=first.handed + second.handed,
-      received_bytes=first.received + second.received,
-      encoded_bytes=first.encoded + second.encoded,
       shard_residual=new_residual,
       metrics=_add(first.metrics, second.metrics),
   )
 
 
-def _times(count: Count, k: int) -> Count:
-  """``k · count``, exact, for a traced count whose parts fit 32 bits and ``0 <= k < 2**16``."""
-  if count.is_static:
-    return Count(k * count.static)
-  lo_low, lo_high = count.lo & 0xFFFF, count.lo >> 16
-  high = lo_high * jnp.uint32(k)  # < 2**32: no wrap
-  out = Count(k * count.static) + Count(hi=count.hi * jnp.uint32(k) + (high >> 16), lo=(high & 0xFFFF) << 16)
-  return out + Count(hi=jnp.zeros_like(count.hi), lo=lo_low * jnp.uint32(k))
 
-
-def all_gather_received(compressor: core.Compressor, n: int, workers: int, wire: Any) -> Count:
-  """Bytes one worker receives when a tensor of ``n`` values takes the all-gather (or the compressor's own exchange).
-
-  The default exchange: ``(N − 1)·P`` plus a ring's share of the agreement
-  all-reduce (:func:`all_gather_bytes`). A compressor with its own exchange
-  says so with :meth:`~jaxcomp.core.Compressor.received_bytes` (PowerSGD: its
-  all-reduces); where that is ``None``, every byte it hands goes to an all-gather (3LC's
-  zero-run rounds): ``(N − 1)·wire_bytes``.
-  """
-  if not compressor.custom_exchange:
-    return Count(all_gather_bytes(compressor, n, workers).received)
-  received = compressor.received_bytes(wire, workers)
-  if received is not None:
-    return Count.of(received)
-  return _times(Count.of(wire), workers - 1)
