@@ -424,3 +424,14 @@ def test_powersgd_keeps_its_all_reduces():
   m = _abstract_metrics(tx, 64 * 32, 8)
   assert "two_phase_tensors" in m and float(m["two_phase_tensors"]) == 0
   assert float(m["received_bytes"]) == transport.allreduce_received(int(m["bytes_on_wire"]), 8)
+
+
+def test_counters_are_one_scalar_whatever_the_workers():
+  """Phase 1's per-chunk counters (threshold's overflow) are summed: the state's shape does not depend on N."""
+  for n_workers in (2, 4):
+    tx = jaxcomp.threshold(0.01, axis_name="w", exchange="two_phase")
+    state = parallel.replicate_workers(tx.init(jnp.zeros(1000)), n_workers)
+    g = jax.random.normal(jax.random.PRNGKey(0), (n_workers, 1000))
+    _, state = jax.jit(_vmapped(tx, n_workers))(g, state)
+    shapes = {k: np.shape(v.lo) for k, v in jaxcomp.core.worker_locals(state)[0].metrics.items() if not v.is_static}
+    assert shapes["overflow"] == (n_workers,), shapes  # one scalar a worker

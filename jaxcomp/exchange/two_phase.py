@@ -246,7 +246,8 @@ def _phase1_encode(compressor, chunks, key, axis_name, need_own):
   keys = jax.vmap(lambda j: jax.random.fold_in(key, j))(jnp.arange(workers))
   payload, metrics = jax.vmap(compressor.encode_with_metrics)(chunks, keys, agreed)
   payload = lax.optimization_barrier(payload)  # the wire: materialized once (see allgather.exchange_steps)
-  metrics = _add(metrics, jax.vmap(lambda p: compressor.extra_metrics(p, (c,)))(payload))
+  # The chunks' counters summed: one scalar a counter, whatever the number of workers (the state's shape).
+  metrics = _add(_add({}, metrics), jax.vmap(lambda p: compressor.extra_metrics(p, (c,)))(payload))
   plain = _plain(compressor)
   own = None
   if need_own:
