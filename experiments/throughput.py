@@ -18,7 +18,6 @@ import jax
 
 import jaxcomp
 from jaxcomp import core
-from jaxcomp import parallel
 from jaxcomp import transforms
 from jaxcomp.exchange import transport
 

@@ -24,7 +24,7 @@ in JAX 0.10 (its varying-axes check does not know vmap axis names).
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Sequence, Union
 
 import jax
 import jax.numpy as jnp

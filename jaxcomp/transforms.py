@@ -304,9 +304,8 @@ def agree_on_nonfinite(bad: jax.Array, steps: Any, agree: bool):
   return agreed > 0, result
 
 
-def send_float(g: jax.Array, axis_name: parallel.AxisName):
+def send_float(g: jax.Array):
   """A skipped tensor: averaged in its own dtype with a ``"mean"`` message (a generator; one worker: ``g``)."""
-  del axis_name  # the transport's: with none, the mean of one worker is its own
   return (yield core.Message("mean", g))
 
 
@@ -661,7 +660,7 @@ class _Compress:
 
   def float_tensor(self, g, residual, inner, shard):
     """One tensor kept in float."""
-    mean = yield from send_float(g, self.axis_name)
+    mean = yield from send_float(g)
     return _TensorResult(mean, residual, inner, shard, {})
 
   # -- an update, step by step ---------------------------------------------------------------------
@@ -698,15 +697,15 @@ class _Compress:
     keys = self.leaf_keys(step_key, compressed, topology)
     steps = self.tensor_steps(p, xs, bad, residuals, inners, shards, together, layouts, keys)
     results, traffic = self.run(steps, p, together)
-    whole = topology.whole(*([r.update for r in results], [r.inner for r in results],
-                             [r.residual for r in results], [r.shard for r in results]))
+    whole = topology.whole([r.update for r in results], [r.inner for r in results],
+                           [r.residual for r in results], [r.shard for r in results])
     metrics = topology.count(self.metrics(p, results, traffic))
     return self.new_state(p, state, next_key, whole, metrics)
 
   def topology(self, p: _Plan):
     """The devices around a worker (:mod:`jaxcomp.exchange.hierarchy`): a host's (``within``), or none."""
     if self.within is None:
-      return hierarchy.Flat(self.axis_name)
+      return hierarchy.Flat()
     return hierarchy.Local(self.within, [jnp.shape(g) for g in p.leaves], self.compressor, p.skipped)
 
   def encoded_together(self, p: _Plan, topology) -> list[list[int]]:

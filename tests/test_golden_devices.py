@@ -1,7 +1,6 @@
 """The golden numbers with one worker per device (tests/_golden.py): ``jit(shard_map)`` over 4 devices,
 the hierarchy (2 hosts of 2 devices, ``within=``) and ``per_shard`` (2 data workers x 2 model shards)."""
 
-import jax
 import pytest
 
 import _golden as golden

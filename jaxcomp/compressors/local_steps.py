@@ -60,7 +60,6 @@ from jaxcomp import core
 from jaxcomp import hyperparams
 from jaxcomp import parallel
 from jaxcomp import transforms
-from jaxcomp.exchange import two_phase
 from jaxcomp.exchange import plan
 
 # Per-step reference sizes, reported on every step (the rest are zeroed between exchanges).

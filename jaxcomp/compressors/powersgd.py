@@ -70,7 +70,6 @@ import optax
 
 from jaxcomp import core
 from jaxcomp import hyperparams
-from jaxcomp import parallel
 from jaxcomp import transforms
 from jaxcomp.compressors import _select
 

@@ -24,9 +24,8 @@ on this bucket's all-gather: :func:`_pipelined`):
   ``"max"`` riding on a gather is the maximum over the gathered workers).
 
 Every kind acts element by element, so a tensor's result is the same, bit
-for bit, whether its messages travel alone or in a bucket, and each exchange
-counts its own bytes exactly as before: a fused collective hands the sum of
-its parts. (A float sum over more than two processes is the one caveat: a
+for bit, whether its messages travel alone or in a bucket, and the transport
+counts each exchange's part of a fused collective as its own bytes. (A float sum over more than two processes is the one caveat: a
 ring all-reduce may add a value's terms in an order that depends on where the
 value sits in the buffer. And where a compressor does float matrix products around its
 messages, PowerSGD, XLA:CPU may compile them with other fusions in the bucketed program than
@@ -141,7 +140,8 @@ def run(steps: Sequence[Any], sizes: Sequence[int], bucket_bytes: int,
   fuse = bucket_bytes > 0 and any(
       parallel.is_device_axis(n) for n in parallel.axis_names(axis_name))
   if not fuse:
-    return tuple(map(list, zip(*[transport.counted(s, axis_name) for s in steps]))) if steps else ([], [])
+    counted = [transport.counted(s, axis_name) for s in steps]
+    return [result for result, _ in counted], [traffic for _, traffic in counted]
   traffic = [transport.Traffic() for _ in steps]
   return _pipelined(steps, assign(sizes, bucket_bytes), axis_name, traffic), traffic
 

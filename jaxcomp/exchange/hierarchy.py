@@ -269,9 +269,6 @@ class Local:
 class Flat:
   """The topology without a hierarchy: every worker exchanges its own whole gradient (every step the identity)."""
 
-  def __init__(self, axis_name: parallel.AxisName):
-    self.axis_name = axis_name
-
   def scatter(self, leaves):
     return list(leaves)
 

@@ -73,9 +73,10 @@ def traffic(compressor: core.Compressor, n: int, workers: int, route: str) -> By
   ``"two_phase"`` (which must apply: :func:`choose`).
   """
   try:
-    return _cached_traffic(compressor, int(n), int(workers), route)
-  except TypeError:  # a compressor holding traced hyperparameters is not hashable
+    hash(compressor)
+  except TypeError:  # a compressor holding traced hyperparameters is not hashable: traced anew
     return _traffic(compressor, int(n), int(workers), route)
+  return _cached_traffic(compressor, int(n), int(workers), route)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -81,7 +81,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Literal, NamedTuple, Optional
+from typing import NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -216,10 +216,13 @@ def _decode_all(compressor: core.Compressor, payloads: core.Payload, chunk: int)
 
 def _encoded(compressor: core.Compressor, payloads: core.Payload, chunk: int) -> Optional[jax.Array]:
   """The exact variable-length size of stacked chunk payloads (a message's ``encoded``), or ``None``."""
-  if compressor.encoded_bytes(jax.tree.map(lambda a: a[0], payloads), (chunk,)) is None:
-    return None
-  return jnp.sum(jax.vmap(lambda p: jnp.asarray(compressor.encoded_bytes(p, (chunk,)), jnp.uint32))(payloads),
-                 dtype=jnp.uint32)
+
+  def one(payload):
+    size = compressor.encoded_bytes(payload, (chunk,))
+    return None if size is None else jnp.asarray(size, jnp.uint32)
+
+  sizes = jax.vmap(one)(payloads)
+  return None if sizes is None else jnp.sum(sizes, dtype=jnp.uint32)
 
 
 def _add(metrics: dict, more: dict) -> dict:
