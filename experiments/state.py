@@ -201,6 +201,9 @@ class Checkpointer:
     from etils import epath  # pylint: disable=g-import-not-at-top
 
     handler = self._ocp.StandardCheckpointHandler()
+    # Before the first read: a failing restore closes orbax's loop on reads still
+    # running, and they can report before the restore returns its error.
+    _drop_closed_loop_reports()
     steps = sorted(self._mngr.all_steps(), reverse=True)
     damaged = []
     for i, step in enumerate(steps):
