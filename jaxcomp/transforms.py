@@ -27,8 +27,8 @@ residual (:func:`carry_residual`), count (:func:`count_tensor`,
 :func:`count_all`). The exchange is the one step that differs between
 exchange schemes: ``exchange="all_gather"`` (every worker gathers every
 payload), ``"two_phase"`` (a compressed reduce-scatter and all-gather,
-:mod:`jaxcomp.exchange.two_phase`) or ``"auto"`` (per tensor, whichever receives fewer
-bytes for the axis size, decided at trace time).
+:mod:`jaxcomp.exchange.two_phase`) or ``"auto"`` (per bucket, whichever receives fewer
+bytes for the axis size, decided at trace time: :func:`jaxcomp.exchange.plan.choose_buckets`).
 
 With ``axis_name=None`` the transform quantizes and dequantizes locally (one
 worker); with an axis name it performs the exchange, so the train step needs no
@@ -94,6 +94,7 @@ class _Plan(NamedTuple):
   treedef: Any
   skipped: list[bool]  # True: the tensor stays in float
   tracked: dict[int, str]  # leaf index -> path, for tensor_metrics
+  two_phase: frozenset = frozenset()  # the tensors that take the two-phase exchange (chosen per bucket)
 
 
 class _TensorResult(NamedTuple):
@@ -277,10 +278,10 @@ def agree_on_nonfinite(bad: jax.Array, steps: Any, agree: bool):
   ``anywhere[i]`` if tensor ``i``'s ``bad`` flag is set on *any* worker, and
   the exchange's result. With ``agree``, the flags (one
   :data:`FLAG_DTYPE` byte per tensor) travel with the exchange's first
-  all-gather, after its agreements (``"max"``: TernGrad's scalar), and each
-  worker takes their maximum over the gathered workers; an exchange without
-  an all-gather there (PowerSGD's sums, the two-phase all-to-all) sends them
-  in a ``"max"`` of their own first. The flags are needed only once the
+  all-gather (the all-gather exchange's payload, the two-phase exchange's
+  shards), and each worker takes their maximum over the gathered workers; an
+  exchange without an all-gather (PowerSGD's sums) sends them in a ``"max"``
+  of their own at its end. The flags are needed only once the
   exchange is done, so no collective waits for them, and a bucket's ride with
   its own payload (:mod:`jaxcomp.exchange.buckets`) instead of an all-reduce that waits
   for every tensor's check. Without ``agree`` the local flags are used as
@@ -289,18 +290,18 @@ def agree_on_nonfinite(bad: jax.Array, steps: Any, agree: bool):
   if not agree:
     return bad, (yield from steps)
   flags = bad.astype(FLAG_DTYPE)
+  agreed = None
   message, result = transport.advance(steps, None)
-  while message is not None and message.kind == "max":
-    message, result = transport.advance(steps, (yield message))
-  if message is not None and message.kind == "gather" and message.when is None:  # not a round that may not run
-    encoded = None if message.encoded is None else Count(flags.nbytes) + Count.of(message.encoded)
-    gathered, reply = yield core.Message("gather", (flags, message.tree), encoded=encoded)
-    agreed = parallel.max_leading(gathered)
-    message, result = transport.advance(steps, reply)
-  else:
-    agreed = yield core.Message("max", flags)
   while message is not None:
-    message, result = transport.advance(steps, (yield message))
+    if agreed is None and message.kind == "gather" and message.when is None:  # not a round that may not run
+      encoded = None if message.encoded is None else Count(flags.nbytes) + Count.of(message.encoded)
+      gathered, reply = yield core.Message("gather", (flags, message.tree), encoded=encoded)
+      agreed = parallel.max_leading(gathered)
+    else:
+      reply = yield message
+    message, result = transport.advance(steps, reply)
+  if agreed is None:  # no gather to ride on (PowerSGD's sums)
+    agreed = yield core.Message("max", flags)
   return agreed > 0, result
 
 
@@ -475,8 +476,11 @@ def compress(
       (each receives ``(N − 1)·P`` bytes). ``"two_phase"``: a compressed
       reduce-scatter, re-encoding and all-gather (:mod:`jaxcomp.exchange.two_phase`;
       each receives ``≈ 2(N − 1)/N·P``); tensors too small to split over the
-      axis stay on the all-gather. ``"auto"``: per tensor, the one that
-      receives fewer bytes for the axis size, decided at trace time. With
+      axis stay on the all-gather. ``"auto"``: per bucket, the one under
+      which the bucket's tensors receive fewer bytes for the axis size,
+      decided at trace time. A compressor with ``bucket_encode`` (TernGrad,
+      QSGD, int8, 3LC) encodes a bucket's two-phase tensors at once in each
+      phase (:func:`jaxcomp.exchange.two_phase.bucket_steps`). With
       either, the metric ``two_phase_tensors`` counts the tensors that took
       the two-phase exchange and ``received_bytes`` the bytes that reached
       this worker (see :func:`jaxcomp.metrics`). With error feedback, the two-phase exchange keeps a second,
@@ -591,9 +595,18 @@ class _Compress:
       tracked = {i: p for i, p in enumerate(paths) if not skipped[i] and self.tracked_re.search(p)}
     return _Plan(leaves, treedef, skipped, tracked)
 
-  def two_phase_chosen(self, x: jax.Array) -> bool:
-    return self.routed and plan_lib.choose(
-        self.compressor, x.size, parallel.axis_size(self.axis_name), self.exchange) == "two_phase"
+  def routes(self, p: _Plan, topology) -> _Plan:
+    """``p`` with the tensors that take the two-phase exchange, chosen per bucket (:func:`~jaxcomp.exchange.plan.choose_buckets`)."""
+    if not self.routed:
+      return p
+    groups = [[i for i in ids if not p.skipped[i]] for ids in self.groups(p, topology)]
+    routes = plan_lib.choose_buckets(self.compressor, [core.size_of(jnp.shape(g)) for g in p.leaves], groups,
+                                     parallel.axis_size(self.axis_name), self.exchange)
+    return p._replace(two_phase=frozenset(i for i, r in enumerate(routes) if r == "two_phase"))
+
+  def groups(self, p: _Plan, topology) -> list[list[int]]:
+    """The buckets (leaf ids, :func:`jaxcomp.exchange.buckets.assign`), a host's split and whole leaves apart."""
+    return topology.separate(buckets.assign(_sizes(p), self.bucket_bytes))
 
   def policy_mean(self, mean: jax.Array, anywhere: jax.Array) -> jax.Array:
     """The mean under the non-finite policy: all-NaN where some worker's tensor was not finite (``"propagate"``)."""
@@ -615,13 +628,16 @@ class _Compress:
     anywhere, tp = yield from agree_on_nonfinite(
         bad[None], two_phase.two_phase_steps(self.compressor, x, key, self.axis_name, _from_masked(shard),
                                              need_own=self.use_ef or tracked_path is not None), self.agree)
-    anywhere = anywhere[0]
+    return self.two_phase_result(g, x, bad, anywhere[0], residual, shard, tp, tracked_path, inner)
+
+  def two_phase_result(self, g, x, bad, anywhere, residual, shard, tp, tracked_path, inner):
+    """A tensor's result from its two-phase exchange's :class:`~jaxcomp.exchange.two_phase.TwoPhaseResult`."""
     mean = self.policy_mean(tp.mean, anywhere)
     residual = carry_residual(x, tp.own, residual, bad) if self.use_ef else residual
     if self.use_shard:  # a step whose mean is NaN on every worker leaves the shard residual as it was
       shard = jnp.where(anywhere, shard, tp.shard_residual) if self.nonfinite == "propagate" else tp.shard_residual
     counts = count_two_phase_tensor(tp, g, bad, tracked_path)
-    return _TensorResult(mean.astype(g.dtype), residual, inner, shard, counts)
+    return self.tracked_route(_TensorResult(mean.astype(g.dtype), residual, inner, shard, counts), tracked_path)
 
   def gathered_tensor(self, g, x, bad, anywhere, residual, shard, ex, tracked_path):
     """A tensor's result from its all-gather exchange's :class:`~jaxcomp.core.Exchanged`."""
@@ -638,11 +654,10 @@ class _Compress:
       result = result._replace(counts=counts)
     return result
 
-  def compress_tensor(self, g, x, bad, residual, inner, shard, key, tracked_path):
-    """One compressed tensor's step."""
-    if self.two_phase_chosen(x):
-      result = yield from self.two_phase_tensor(g, x, bad, residual, inner, shard, key, tracked_path)
-      return self.tracked_route(result, tracked_path)
+  def compress_tensor(self, g, x, bad, residual, inner, shard, key, tracked_path, split):
+    """One compressed tensor's step (``split``: by the two-phase exchange)."""
+    if split:
+      return (yield from self.two_phase_tensor(g, x, bad, residual, inner, shard, key, tracked_path))
     anywhere, ex = yield from agree_on_nonfinite(bad[None], self.exchange_steps(x, key, inner), self.agree)
     return self.gathered_tensor(g, x, bad, anywhere[0], residual, shard, ex, tracked_path)
 
@@ -657,6 +672,17 @@ class _Compress:
                                        need_own=self.use_ef), self.agree)
     return [self.gathered_tensor(gs[i], xs[i], bad[i], a, residuals[i], shards[i], ex, tracked.get(i))
             for i, a, ex in zip(ids, anywhere, exs)]
+
+  def two_phase_bucket(self, ids, gs, xs, bad, residuals, shards, keys, tracked):
+    """A bucket's two-phase tensors, each phase encoded at once (:func:`~jaxcomp.exchange.two_phase.bucket_steps`)."""
+    need_own = self.use_ef or any(i in tracked for i in ids)
+    anywhere, tps = yield from agree_on_nonfinite(
+        jnp.stack([bad[i] for i in ids]),
+        two_phase.bucket_steps(self.compressor, [xs[i] for i in ids], keys, self.axis_name,
+                               [_from_masked(shards[i]) for i in ids], need_own=need_own), self.agree)
+    return [self.two_phase_result(gs[i], xs[i], bad[i], a, residuals[i], shards[i], tp, tracked.get(i),
+                                  optax.MaskedNode())  # a bucket compressor keeps no state of its own
+            for i, a, tp in zip(ids, anywhere, tps)]
 
   def float_tensor(self, g, residual, inner, shard):
     """One tensor kept in float."""
@@ -687,16 +713,16 @@ class _Compress:
     shards = (p.treedef.flatten_up_to(state.shard.residual) if self.use_shard
               else [optax.MaskedNode()] * len(p.leaves))
     topology = self.topology(p)  # 0. with `within`, the host's mean and this device's slices
-    p = p._replace(leaves=topology.scatter(p.leaves))
+    p = self.routes(p._replace(leaves=topology.scatter(p.leaves)), topology)
     residuals, shards = topology.take(residuals), topology.take(shards)
     next_key, step_key = jax.random.split(state.key)
     compressed = [i for i, s in enumerate(p.skipped) if not s]
-    together = self.encoded_together(p, topology)
+    together, split = self.encoded_together(p, topology)
     xs, bad, layouts = self.inputs(p, residuals, together, compressed)
     layouts = topology.host_flags(xs, bad, layouts, together, compressed, set_aside)
     keys = self.leaf_keys(step_key, compressed, topology)
-    steps = self.tensor_steps(p, xs, bad, residuals, inners, shards, together, layouts, keys)
-    results, traffic = self.run(steps, p, together)
+    steps = self.tensor_steps(p, xs, bad, residuals, inners, shards, together, split, layouts, keys)
+    results, traffic = self.run(steps, p, together + split)
     whole = topology.whole([r.update for r in results], [r.inner for r in results],
                            [r.residual for r in results], [r.shard for r in results])
     metrics = topology.count(self.metrics(p, results, traffic))
@@ -708,14 +734,19 @@ class _Compress:
       return hierarchy.Flat()
     return hierarchy.Local(self.within, [jnp.shape(g) for g in p.leaves], self.compressor, p.skipped)
 
-  def encoded_together(self, p: _Plan, topology) -> list[list[int]]:
-    """The buckets (leaf ids) whose all-gathered tensors a compressor with ``bucket_encode`` encodes at once."""
+  def encoded_together(self, p: _Plan, topology) -> tuple[list[list[int]], list[list[int]]]:
+    """The buckets (leaf ids) whose tensors a compressor with ``bucket_encode`` encodes at once.
+
+    Two lists: the all-gathered tensors' buckets, and the two-phase tensors'
+    (:func:`~jaxcomp.exchange.two_phase.bucket_steps`, where it applies).
+    """
     if self.compressor is None or not self.compressor.bucket_encode or self.compressor.custom_exchange:
-      return []
-    groups = topology.separate(buckets.assign(_sizes(p), self.bucket_bytes))
-    together = [[i for i in group if not p.skipped[i] and not self.two_phase_chosen(p.leaves[i])]
-                for group in groups]
-    return [ids for ids in together if ids]
+      return [], []
+    groups = self.groups(p, topology)
+    gathered = [[i for i in group if not p.skipped[i] and i not in p.two_phase] for group in groups]
+    split = [[i for i in group if i in p.two_phase] for group in groups] if two_phase.bucket_applies(
+        self.compressor) else []
+    return [ids for ids in gathered if ids], [ids for ids in split if ids]
 
   def inputs(self, p: _Plan, residuals, together, compressed):
     """1. Each compressed tensor's ``x = g + r``, its non-finite tensors set aside: ``(xs, bad, layouts)``.
@@ -752,20 +783,23 @@ class _Compress:
     """``(rows, row)``: tensor ``i``'s key is ``rows[i][row[i]]``; a bucket draws alike from its first tensor's rows."""
     return topology.leaf_keys(step_key, compressed, self.axis_name), {i: j for j, i in enumerate(compressed)}
 
-  def tensor_steps(self, p: _Plan, xs, bad, residuals, inners, shards, together, layouts, keys):
+  def tensor_steps(self, p: _Plan, xs, bad, residuals, inners, shards, together, split, layouts, keys):
     """2. Every tensor's generator of messages; a bucket encoded at once is one, at its first tensor."""
     rows, row = keys
-    covered = {i for ids in together for i in ids}
+    covered = {i for ids in together + split for i in ids}
     steps = [None] * len(p.leaves)
+    bucket_keys = lambda ids: rows[ids[0]][np.array([row[i] for i in ids])]
     for ids, bucket_layout in zip(together, layouts):
-      bucket_keys = rows[ids[0]][np.array([row[i] for i in ids])]
-      steps[ids[0]] = self.compress_bucket(ids, p.leaves, xs, bad, residuals, shards, bucket_keys, p.tracked,
+      steps[ids[0]] = self.compress_bucket(ids, p.leaves, xs, bad, residuals, shards, bucket_keys(ids), p.tracked,
                                            bucket_layout)
+    for ids in split:
+      steps[ids[0]] = self.two_phase_bucket(ids, p.leaves, xs, bad, residuals, shards, bucket_keys(ids), p.tracked)
     for i, (g, r, inner, shard) in enumerate(zip(p.leaves, residuals, inners, shards)):
       if p.skipped[i]:
         steps[i] = self.float_tensor(g, r, inner, shard)
       elif i not in covered:
-        steps[i] = self.compress_tensor(g, xs[i], bad[i], r, inner, shard, rows[i][row[i]], p.tracked.get(i))
+        steps[i] = self.compress_tensor(g, xs[i], bad[i], r, inner, shard, rows[i][row[i]], p.tracked.get(i),
+                                        i in p.two_phase)
     return steps
 
   def run(self, steps, p: _Plan, together):

@@ -184,8 +184,8 @@ def test_vmap_workers_send_exactly_the_payloads(layout):
   """compressed_bytes_on_wire: every tensor's payload, ceil(n/4) + 4 on the all-gather and N chunk
   payloads (phase 1, all-to-all) plus one shard payload (phase 2, all-gather) on the two-phase
   exchange, and a flag byte per tensor; received_bytes: (N − 1) of every payload gathered or
-  scattered to this worker, and of every flag: a tensor's flag rides its all-gather (N − 1 bytes
-  arrive), or on the two-phase exchange is a pmax of its own (a ring's 2(N − 1)/N, rounded up)."""
+  scattered to this worker, and of every flag: a tensor's flag rides its all-gather (on the
+  two-phase exchange, its shards'), so N − 1 bytes of it arrive."""
   _, m = _vmap_run(layout)
   routes = _routes(layout)
   handed = received = 0
@@ -197,7 +197,7 @@ def test_vmap_workers_send_exactly_the_payloads(layout):
     else:
       p1 = p2 = payload_bytes(_chunk(n))  # a chunk, and the re-encoded shard of one chunk's length
       handed += N * p1 + p2
-      received += (N - 1) * (p1 + p2) + -(-2 * (N - 1) * FLAG // N)
+      received += (N - 1) * (p1 + p2 + FLAG)
   flags = FLAG * len(SHAPES)
   assert m["compressed_bytes_on_wire"] == m["bytes_on_wire"] == m["encoded_bytes"] == handed + flags
   assert m["float_bytes"] == 0 and m["float32_bytes"] == 4 * sum(math.prod(s) for s in SHAPES.values())

@@ -103,18 +103,26 @@ def bucket_exchange_steps(
                                 payload, layout)
     own = ([compressor.decode(part, s) for part, s in zip(parts, shapes)] if own is None
            else [o.reshape(s) for o, s in zip(own, shapes)])
-  encoded = compressor.encoded_bytes_bucket(payload, layout)  # every tensor's, in one pass
-  if encoded is None:
-    encoded = [compressor.encoded_bytes(part, s) for part, s in zip(parts, shapes)]
-    encoded = None if any(e is None for e in encoded) else jnp.stack([jnp.asarray(e, jnp.uint32) for e in encoded])
-  encoded = None if encoded is None else jnp.sum(jnp.asarray(encoded, jnp.uint32), dtype=jnp.uint32)
-  message = core.Message("gather", payload, encoded=encoded)
+  message = core.Message("gather", payload, encoded=bucket_encoded(compressor, payload, layout, parts, shapes))
   if not parallel.axis_names(axis_name):  # one worker: the mean is its own bucket decoded
     yield message
     means = [m.reshape(s) for m, s in zip(compressor.decode_bucket(payload, layout), shapes)]
   else:
     means = [m.reshape(s) for m, s in zip(compressor.aggregate_bucket((yield message), layout), shapes)]
   return [core.Exchanged(m, o, p, None, {}) for m, o, p in zip(means, own, parts)]
+
+
+def bucket_encoded(compressor: core.Compressor, payload: core.Payload, layout: layout_lib.Layout,
+                   parts: Sequence[core.Payload], shapes: Sequence[Any]) -> Any:
+  """The exact size of a bucket's variable-length payload (a message's ``encoded``), or ``None``.
+
+  ``parts`` are the tensors' payloads in ``payload`` and ``shapes`` their shapes.
+  """
+  encoded = compressor.encoded_bytes_bucket(payload, layout)  # every tensor's, in one pass
+  if encoded is None:
+    encoded = [compressor.encoded_bytes(part, s) for part, s in zip(parts, shapes)]
+    encoded = None if any(e is None for e in encoded) else jnp.stack([jnp.asarray(e, jnp.uint32) for e in encoded])
+  return None if encoded is None else jnp.sum(jnp.asarray(encoded, jnp.uint32), dtype=jnp.uint32)
 
 
 def exchange(compressor: core.Compressor, x: jax.Array, key: jax.Array, axis_name: parallel.AxisName,

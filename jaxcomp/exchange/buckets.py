@@ -23,6 +23,10 @@ on this bucket's all-gather: :func:`_pipelined`):
   one dtype are laid end to end and reduced by one collective per dtype (a
   ``"max"`` riding on a gather is the maximum over the gathered workers).
 
+A gather beside a two-phase exchange's all-to-all waits one round and
+travels with the shards' gather: three rounds a two-phase bucket, whatever
+its tensors too small to split.
+
 Every kind acts element by element, so a tensor's result is the same, bit
 for bit, whether its messages travel alone or in a bucket, and the transport
 counts each exchange's part of a fused collective as its own bytes. (A float sum over more than two processes is the one caveat: a
@@ -222,6 +226,10 @@ def _pipelined(steps: Sequence[Any], groups: Sequence[Sequence[int]], axis_name:
           advance(pending, i, transport.deliver(current[i], axis_name, traffic[i]))
         else:
           rounds.setdefault(current[i].kind, []).append(i)
+      if "all_to_all" in rounds and "gather" in rounds:
+        # A gather waits for the two-phase exchanges' gather of their shards, one round later, and
+        # travels with it: one all-gather a bucket, not two (a tensor too small to split beside them).
+        pending.update((i, current[i]) for i in rounds.pop("gather"))
       for kind, ids in rounds.items():
         extra = [(c, i, ahead[c].pop(i)) for c, i in riders(kind, b)]
         for i, message in [(i, current[i]) for i in ids] + [(i, m) for _, i, m in extra]:

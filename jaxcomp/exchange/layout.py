@@ -88,16 +88,24 @@ class Layout:
   """
 
   def __init__(self, sizes: Sequence[int], planes: int, chunk: int = CHUNK, joined: Optional[jax.Array] = None,
-               tops: Optional[jax.Array] = None):
+               tops: Optional[jax.Array] = None, period: Optional[int] = None):
     self.joined = joined  # the bucket's input already joined (see joined_input), or None
     self.tops = tops  # with it, every tensor's max|x| (see input_max_abs), or None
     self.sizes = tuple(int(n) for n in sizes)
+    # The sizes repeat every `period` tensors (the two-phase exchange's chunks: chunk j of every
+    # tensor, then chunk j + 1): cut and placed a period at a time, with a leading axis of repeats.
+    self.period = period if period and period < len(self.sizes) else None
+    assert self.period is None or self.sizes == self.sizes[:period] * (len(self.sizes) // period)
     self.planes = int(planes)
     self.chunk = int(chunk)
     self.widths = tuple(ceil_div(n, self.planes) for n in self.sizes)  # m_i: columns of tensor i
     self.chunks = tuple(max(1, ceil_div(m, self.chunk)) for m in self.widths)  # chunks of tensor i
     self.first = tuple(int(c) for c in np.cumsum((0,) + self.chunks[:-1], dtype=np.int64))  # its first chunk
     self.columns = int(sum(self.widths))  # M
+
+  def _base(self) -> tuple["Layout", int]:
+    """One period's layout, and how many times it repeats."""
+    return Layout(self.sizes[:self.period], self.planes, self.chunk), len(self.sizes) // self.period
 
   def __len__(self) -> int:
     return len(self.sizes)
@@ -137,7 +145,7 @@ class Layout:
 
     :meth:`joined_input` and :meth:`input_max_abs` return them.
     """
-    return Layout(self.sizes, self.planes, self.chunk, joined, tops)
+    return Layout(self.sizes, self.planes, self.chunk, joined, tops, self.period)
 
   def joined_input(self, flats: Sequence[jax.Array]) -> jax.Array:
     """The bucket's input ``flats`` joined (:meth:`join`, zero padding): the join the layout carries, if any.
@@ -168,6 +176,11 @@ class Layout:
     slice of its part). Materializing ``a`` instead would fuse the join's concatenation of the
     bucket's tensors into one loop, which on XLA:CPU searches its hundreds of operands per value.
     """
+    if self.period:  # (..., planes, repeats, chunks, CHUNK): a period at a time, its repeats side by side
+      base, repeats = self._base()
+      a = a.reshape(a.shape[:-2] + (repeats, -1, self.chunk))
+      per_tensor = base.split(jnp.moveaxis(a, -3, -4))  # (..., repeats, n_i) each
+      return [t[..., r, :] for r in range(repeats) for t in per_tensor]
     out = []
     for i, n in enumerate(self.sizes):
       cols = self._cut(a, i)
@@ -183,6 +196,12 @@ class Layout:
     read the bytes instead of computing them again.
     """
     a = materialize(a)
+    if self.period:
+      base, repeats = self._base()
+      b = a.reshape(a.shape[:-2] + (repeats, -1, self.chunk))
+      cols = [base._cut(b, i) for i in range(len(base.sizes))]  # (..., repeats, m_i) each
+      cols = cols[0] if len(cols) == 1 else jnp.concatenate(cols, axis=-1)
+      return cols.reshape(a.shape[:-2] + (-1,))
     cols = [self._cut(a, i) for i in range(len(self.sizes))]
     return cols[0] if len(cols) == 1 else jnp.concatenate(cols, axis=-1)
 
@@ -207,6 +226,10 @@ class Layout:
 
   def expand(self, b: jax.Array, fill: Any = 0) -> jax.Array:
     """The inverse of :meth:`compact`: ``(..., M)`` as ``(..., chunks, CHUNK)``, padded with ``fill``."""
+    if self.period:
+      base, repeats = self._base()
+      out = base.expand(b.reshape(b.shape[:-1] + (repeats, -1)), fill)  # (..., repeats, chunks, CHUNK)
+      return out.reshape(b.shape[:-1] + (-1, self.chunk))
     cols = [b if len(self.sizes) == 1 else jax.lax.slice_in_dim(b, s, s + m, axis=b.ndim - 1)
             for s, m in zip(self.starts(), self.widths)]
     return self._chunked(cols, fill)

@@ -8,9 +8,13 @@ A tensor of a compressed update travels by one of two algorithms:
   reduce-scatter and an all-gather of the re-encoded shards, about
   ``2(N − 1)/N·P``.
 
+``exchange="auto"`` chooses per bucket (:func:`choose_buckets`): a bucket's
+tensors travel together, so a bucket whose tensors took both routes would
+pay both routes' rounds.
+
 A compressor with its own exchange (``custom_exchange``: PowerSGD, DGC's
 warm-up) runs its own rounds. ``exchange="auto"`` takes, per tensor, the
-algorithm under which fewer bytes reach a worker. Those bytes are not a
+algorithm under which fewer bytes reach a worker, bucket by bucket. Those bytes are not a
 formula written beside the algorithms: :func:`traffic` traces the
 algorithm's own steps abstractly (:func:`jax.eval_shape`: nothing runs, no
 memory) and has the transport (:mod:`jaxcomp.exchange.transport`) count
@@ -20,6 +24,7 @@ sometimes (3LC's fallback) count zero in the plan.
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 from typing import Literal, NamedTuple
 
@@ -87,6 +92,14 @@ def _cached_traffic(compressor: core.Compressor, n: int, workers: int, route: st
 def _traffic(compressor: core.Compressor, n: int, workers: int, route: str) -> Bytes:
   if route not in ROUTES:
     raise ValueError(f"route must be one of {ROUTES}; got {route!r}.")
+  # Traced in a thread of its own: JAX's trace state is per thread, and this trace must not sit
+  # inside the caller's (under shard_map, a collective over the plan's vmap axis fails JAX's
+  # varying-axes check, an AssertionError in jax 0.10).
+  with concurrent.futures.ThreadPoolExecutor(1) as pool:
+    return pool.submit(_trace_traffic, compressor, n, workers, route).result()
+
+
+def _trace_traffic(compressor: core.Compressor, n: int, workers: int, route: str) -> Bytes:
   counted = transport.Traffic()
   steps = _steps(compressor, route)
 
@@ -115,3 +128,33 @@ def choose(compressor: core.Compressor, n: int, workers: int, exchange: str) -> 
   ag = traffic(compressor, n, workers, "all_gather").received
   tp = traffic(compressor, n, workers, "two_phase").received
   return "two_phase" if tp < ag else "all_gather"
+
+
+def choose_buckets(compressor: core.Compressor, sizes: list[int], groups: list[list[int]], workers: int,
+                   exchange: str) -> list[str]:
+  """Every tensor's algorithm, chosen bucket by bucket: ``"all_gather"`` or ``"two_phase"``.
+
+  ``sizes``: every tensor's values; ``groups``: the buckets' tensors (leaf
+  ids; a tensor in none stays on the all-gather). A tensor that cannot take
+  the two-phase exchange (:func:`choose` with ``"two_phase"``: too small to
+  split, one worker, a compressor with its own exchange) takes the
+  all-gather. With ``"auto"`` a bucket's other tensors take the two-phase
+  exchange together if, summed over them, fewer bytes reach a worker by it
+  (:func:`traffic`; ties: the all-gather), else the all-gather together:
+  every route a bucket uses costs its rounds (two-phase: an all-to-all and a
+  gather), whatever the bytes. A bucket of one (``bucket_bytes=0``) is
+  :func:`choose` on that tensor.
+  """
+  check_exchange(exchange)
+  routes = ["all_gather"] * len(sizes)
+  if exchange == "all_gather":
+    return routes
+  for ids in groups:
+    split = [i for i in ids if choose(compressor, sizes[i], workers, "two_phase") == "two_phase"]
+    if exchange == "auto" and split:
+      gathered = sum(traffic(compressor, sizes[i], workers, "all_gather").received for i in split)
+      phased = sum(traffic(compressor, sizes[i], workers, "two_phase").received for i in split)
+      split = split if phased < gathered else []
+    for i in split:
+      routes[i] = "two_phase"
+  return routes

@@ -67,6 +67,12 @@ Semantics (tested in ``tests/test_two_phase.py``):
   and keep their own exchange with ``"auto"``.
 * **Too small to split**: a tensor with fewer than ``N`` aligned blocks
   (:func:`split` returns ``None``) stays on the all-gather.
+* **A bucket at once**: for a compressor that encodes buckets (TernGrad,
+  QSGD, int8, 3LC), :func:`bucket_steps` runs a bucket's tensors through
+  both phases with one encode, one collective and one decode per phase; what
+  is per chunk and per shard stays so (a chunk and a shard are each a tensor
+  to the encoder), and the numbers are each tensor's alone (int8 and QSGD:
+  within 2 ulp, where XLA:CPU fuses a bucket's decode differently).
 
 References:
   Dryden, Moon, Jacobs, Van Essen. *Communication Quantization for
@@ -90,6 +96,8 @@ from jax import lax
 from jaxcomp import core
 from jaxcomp import parallel
 from jaxcomp.codecs import base243
+from jaxcomp.exchange import allgather
+from jaxcomp.exchange import layout as layout_lib
 from jaxcomp.exchange import transport
 
 # Chunk lengths are a multiple of 40 = lcm(4, 5, 8): whole bytes for 2-bit,
@@ -392,3 +400,162 @@ def two_phase_steps(
 
 
 
+
+
+# -- a bucket at once -----------------------------------------------------------
+
+
+def bucket_applies(compressor: core.Compressor) -> bool:
+  """Whether :func:`bucket_steps` can exchange a bucket for ``compressor``.
+
+  A compressor that encodes buckets (``bucket_encode``), without a shard
+  codec or a fallback wire. Phase 1 reduces with ``aggregate_bucket``, the
+  decoded mean (``reduce_chunks``' default, which a bucket compressor keeps).
+  """
+  return (compressor.bucket_encode and not compressor.custom_exchange and compressor.shard_compressor is None
+          and compressor.plain_compressor is None)
+
+
+def bucket_steps(
+    compressor: core.Compressor,
+    xs: list[jax.Array],
+    keys: jax.Array,
+    axis_name: parallel.AxisName,
+    shard_residuals: Optional[list[Optional[jax.Array]]] = None,
+    *,
+    need_own: bool = False,
+):
+  """The two-phase exchange of a bucket of tensors, each phase encoded and decoded once for all (messages).
+
+  For a compressor with ``bucket_encode`` (:func:`bucket_applies`), tensors
+  ``xs`` (each large enough to :func:`split`) with their keys stacked in
+  ``keys``. Every tensor is cut into ``N`` chunks as alone; a *piece* is one
+  tensor's chunk, and the bucket's chunk ``j`` is chunk ``j`` of every tensor:
+
+  1. one :meth:`~jaxcomp.core.Compressor.encode_bucket` over the ``N·k``
+     pieces, laid out by destination (chunk ``j`` of every tensor, then chunk
+     ``j + 1``), so that the payload's row ``j`` is what worker ``j``
+     receives: one agreement (``"max"``), one ``"all_to_all"`` and one
+     :meth:`~jaxcomp.core.Compressor.aggregate_bucket` for the bucket;
+  2. this worker's shards of every tensor re-encoded by one ``encode_bucket``,
+     one ``"gather"``, and one ``decode_bucket`` per worker's row.
+
+  A piece is a tensor to the encoder, so what is per tensor alone (TernGrad's
+  scalar, 3LC's and int8's scale, QSGD's norms by bucket) is per chunk in
+  phase 1 and per shard in phase 2, exactly as :func:`two_phase_steps` on
+  each tensor alone, whose numbers and bytes this returns (one
+  :class:`TwoPhaseResult` per tensor).
+  """
+  workers = parallel.axis_size(axis_name)
+  lays = [split(compressor, x.size, workers) for x in xs]
+  if any(lay is None for lay in lays):
+    raise ValueError("every tensor of a two-phase bucket must be large enough to split (see split).")
+  k = len(xs)
+  shard_layout = layout_lib.Layout([lay.chunk for lay in lays], compressor.planes)
+  piece_layout = layout_lib.Layout(list(shard_layout.sizes) * workers, compressor.planes, period=k)
+  halves = jax.vmap(jax.random.split)(keys)  # per tensor: phase 1's key, phase 2's
+  chunks = [jnp.pad(x.reshape(-1).astype(jnp.float32), (0, lay.padded - lay.n)).reshape(workers, lay.chunk)
+            for x, lay in zip(xs, lays)]
+  pieces = [chunks[i][j] for j in range(workers) for i in range(k)]
+  piece_layout = _with_pieces_joined(piece_layout, chunks, workers)
+  # Piece (j, i)'s key: tensor i's phase-1 key folded with j, as alone; one vectorized fold for all.
+  piece_keys = jax.vmap(jax.random.fold_in)(jnp.tile(halves[:, 0], (workers,) + (1,) * (halves.ndim - 2)),
+                                            jnp.repeat(jnp.arange(workers, dtype=jnp.int32), k))
+  payload, received = yield from _bucket_phase1(compressor, pieces, piece_keys, piece_layout, workers)
+  shards = compressor.aggregate_bucket(received, shard_layout)
+  residuals = shard_residuals or [None] * k
+  means, kept, sent_here = yield from _bucket_phase2(compressor, shards, residuals, lays, shard_layout,
+                                                     halves[:, 1], axis_name)
+  own = [None] * k
+  if need_own:
+    decoded = compressor.own_bucket(pieces, payload, piece_layout)
+    decoded = compressor.decode_bucket(payload, piece_layout) if decoded is None else decoded
+    own = [jnp.concatenate([decoded[j * k + i] for j in range(workers)])[:lay.n].reshape(x.shape)
+           for i, (x, lay) in enumerate(zip(xs, lays))]
+  parts = layout_lib.payload_parts(payload, [compressor.payload_struct(n) for n in piece_layout.sizes])
+  sent_parts = layout_lib.payload_parts(sent_here, [compressor.payload_struct(n) for n in shard_layout.sizes])
+  out = []
+  for i, (x, lay) in enumerate(zip(xs, lays)):
+    mine = [parts[j * k + i] for j in range(workers)]
+    metrics = {}
+    for part in mine:
+      metrics = _add(metrics, compressor.extra_metrics(part, (lay.chunk,)))
+    metrics = _add(metrics, compressor.extra_metrics(sent_parts[i], (lay.chunk,)))
+    out.append(TwoPhaseResult(mean=means[i].reshape(x.shape), own=own[i],
+                              payload=jax.tree.map(lambda *a: jnp.stack(a), *mine),
+                              shard_residual=None if residuals[i] is None else kept[i].reshape(residuals[i].shape),
+                              metrics=metrics))
+  return out
+
+
+def _with_pieces_joined(piece_layout: layout_lib.Layout, chunks: list[jax.Array], workers: int) -> layout_lib.Layout:
+  """``piece_layout`` carrying its input joined from each tensor's ``(N, chunk)`` chunks: one pad a tensor.
+
+  :meth:`~jaxcomp.exchange.layout.Layout.join` of the ``N·k`` pieces pads and
+  places each piece alone; a tensor's ``N`` pieces have one shape, so here
+  they are padded and placed at once, as a ``(planes, N, chunks, CHUNK)``
+  block, and the blocks of the ``k`` tensors joined along their chunks: the
+  same array (chunk ``j`` of every tensor, then chunk ``j + 1``), with a
+  quarter of the kernels at ``N = 4``. Where a chunk is not a whole number
+  of planes (never with :func:`alignment`'s multiples of 40) the layout
+  joins the pieces itself.
+  """
+  planes, k = piece_layout.planes, len(chunks)
+  if any(c.shape[1] % planes for c in chunks):
+    return piece_layout
+  blocks = []
+  for c, width, count in zip(chunks, piece_layout.widths[:k], piece_layout.chunks[:k]):
+    block = c.reshape(workers, planes, width)
+    block = jnp.pad(block, ((0, 0), (0, 0), (0, count * piece_layout.chunk - width)))
+    blocks.append(block.reshape(workers, planes, count, piece_layout.chunk).transpose(1, 0, 2, 3))
+  joined = jnp.concatenate(blocks, axis=2) if k > 1 else blocks[0]
+  return piece_layout.with_input(joined.reshape(planes, -1, piece_layout.chunk), None)
+
+
+def _bucket_phase1(compressor, pieces, piece_keys, piece_layout, workers):
+  """Agrees on and encodes every piece at once; row ``j`` of the payload goes to worker ``j`` (messages).
+
+  Returns the payload and the ``N`` rows of this worker's chunk received.
+  """
+  agreed = compressor.agree_bucket(pieces, piece_layout)
+  if agreed is not None:
+    agreed = yield core.Message("max", agreed)
+  payload = lax.optimization_barrier(compressor.encode_bucket(pieces, piece_keys, agreed, piece_layout))
+  rows = jax.tree.map(lambda a: a.reshape((workers, -1) + a.shape[1:]), payload)
+  shapes = [(n,) for n in piece_layout.sizes]
+  parts = layout_lib.payload_parts(payload, [compressor.payload_struct(n) for n in piece_layout.sizes])
+  encoded = allgather.bucket_encoded(compressor, payload, piece_layout, parts, shapes)
+  received = yield core.Message("all_to_all", rows, encoded=encoded)
+  return payload, received
+
+
+def _bucket_phase2(compressor, shards, residuals, lays, shard_layout, keys, axis_name):
+  """Re-encodes this worker's shards (plus their residuals) at once, gathers all, decodes them (messages).
+
+  Returns every tensor's mean (flat), its new shard residual (flat, or
+  ``None``) and this worker's phase-2 payload.
+  """
+  index = parallel.axis_index(axis_name)
+  ys = []
+  for shard, residual, lay in zip(shards, residuals, lays):
+    if residual is not None:
+      padded = jnp.pad(residual.reshape(-1).astype(jnp.float32), (0, lay.padded - lay.n))
+      shard = shard + lax.dynamic_slice(padded, (index * lay.chunk,), (lay.chunk,))
+    ys.append(shard)
+  agreed = compressor.agree_bucket(ys, shard_layout)  # one encoder per shard: its own scalars, no round
+  payload = lax.optimization_barrier(compressor.encode_bucket(ys, keys, agreed, shard_layout))
+  shapes = [(n,) for n in shard_layout.sizes]
+  parts = layout_lib.payload_parts(payload, [compressor.payload_struct(n) for n in shard_layout.sizes])
+  gathered = yield core.Message("gather", payload,
+                                encoded=allgather.bucket_encoded(compressor, payload, shard_layout, parts, shapes))
+  decoded = jax.vmap(lambda p: compressor.decode_bucket(p, shard_layout))(gathered)  # (N, chunk) a tensor
+  means = [d.reshape(-1)[:lay.n] for d, lay in zip(decoded, lays)]
+  kept = [None] * len(lays)
+  if any(r is not None for r in residuals):
+    sent = compressor.own_bucket(ys, payload, shard_layout)
+    sent = compressor.decode_bucket(payload, shard_layout) if sent is None else sent
+    for i, (y, s, residual, lay) in enumerate(zip(ys, sent, residuals, lays)):
+      if residual is not None:
+        whole = lax.dynamic_update_slice(jnp.zeros((lay.padded,), jnp.float32), y - s, (index * lay.chunk,))
+        kept[i] = whole[:lay.n]
+  return means, kept, payload
