@@ -288,14 +288,24 @@ def _phase1_reduce(compressor, sent, chunks, keys_agreed, axis_name):
   return shard, sent._replace(metrics=_add(sent.metrics, {"zero_run_fallback_rounds": overflow}))
 
 
+def _with_residual(shard: jax.Array, residual: Optional[jax.Array], lay: Split, start: jax.Array) -> jax.Array:
+  """The shard plus this worker's part of its full-size residual (``start``: the shard's first value)."""
+  if residual is None:
+    return shard
+  padded = jnp.pad(residual.reshape(-1).astype(jnp.float32), (0, lay.padded - lay.n))
+  return shard + lax.dynamic_slice(padded, (start,), (lay.chunk,))
+
+
+def _kept(y: jax.Array, sent: jax.Array, lay: Split, start: jax.Array) -> jax.Array:
+  """The new full-size residual (flat): ``y − sent`` at this worker's shard, zero elsewhere."""
+  return lax.dynamic_update_slice(jnp.zeros((lay.padded,), jnp.float32), y - sent, (start,))[:lay.n]
+
+
 def _phase2(compressor, shard, shard_residual, lay, key, axis_name):
   """Re-encodes this worker's shard (plus its residual), gathers all shards, decodes them."""
   c = lay.chunk
   start = parallel.axis_index(axis_name) * c
-  y = shard
-  if shard_residual is not None:
-    padded = jnp.pad(shard_residual.reshape(-1).astype(jnp.float32), (0, lay.padded - lay.n))
-    y = shard + lax.dynamic_slice(padded, (start,), (c,))
+  y = _with_residual(shard, shard_residual, lay, start)
   agreed = compressor.agree(y)  # one encoder per shard: its own scalars, no agreement round
   payload, metrics = compressor.encode_with_metrics(y, key, agreed)
   payload = lax.optimization_barrier(payload)
@@ -315,8 +325,7 @@ def _phase2(compressor, shard, shard_residual, lay, key, axis_name):
     metrics = _add(metrics, {"zero_run_fallback_rounds": ~fits})
   new_residual = None
   if shard_residual is not None:
-    kept = lax.dynamic_update_slice(jnp.zeros((lay.padded,), jnp.float32), y - sent_here, (start,))
-    new_residual = kept[:lay.n].reshape(shard_residual.shape)
+    new_residual = _kept(y, sent_here, lay, start).reshape(shard_residual.shape)
   return mean[:lay.n], new_residual, _Sent(payload, None, metrics)
 
 
@@ -461,10 +470,10 @@ def bucket_steps(
   # Piece (j, i)'s key: tensor i's phase-1 key folded with j, as alone; one vectorized fold for all.
   piece_keys = jax.vmap(jax.random.fold_in)(jnp.tile(halves[:, 0], (workers,) + (1,) * (halves.ndim - 2)),
                                             jnp.repeat(jnp.arange(workers, dtype=jnp.int32), k))
-  payload, received = yield from _bucket_phase1(compressor, pieces, piece_keys, piece_layout, workers)
+  payload, parts, received = yield from _bucket_phase1(compressor, pieces, piece_keys, piece_layout, workers)
   shards = compressor.aggregate_bucket(received, shard_layout)
   residuals = shard_residuals or [None] * k
-  means, kept, sent_here = yield from _bucket_phase2(compressor, shards, residuals, lays, shard_layout,
+  means, kept, sent_parts = yield from _bucket_phase2(compressor, shards, residuals, lays, shard_layout,
                                                      halves[:, 1], axis_name)
   own = [None] * k
   if need_own:
@@ -472,8 +481,6 @@ def bucket_steps(
     decoded = compressor.decode_bucket(payload, piece_layout) if decoded is None else decoded
     own = [jnp.concatenate([decoded[j * k + i] for j in range(workers)])[:lay.n].reshape(x.shape)
            for i, (x, lay) in enumerate(zip(xs, lays))]
-  parts = layout_lib.payload_parts(payload, [compressor.payload_struct(n) for n in piece_layout.sizes])
-  sent_parts = layout_lib.payload_parts(sent_here, [compressor.payload_struct(n) for n in shard_layout.sizes])
   out = []
   for i, (x, lay) in enumerate(zip(xs, lays)):
     mine = [parts[j * k + i] for j in range(workers)]
@@ -515,7 +522,7 @@ def _with_pieces_joined(piece_layout: layout_lib.Layout, chunks: list[jax.Array]
 def _bucket_phase1(compressor, pieces, piece_keys, piece_layout, workers):
   """Agrees on and encodes every piece at once; row ``j`` of the payload goes to worker ``j`` (messages).
 
-  Returns the payload and the ``N`` rows of this worker's chunk received.
+  Returns the payload, its pieces' parts, and the ``N`` rows of this worker's chunk received.
   """
   agreed = compressor.agree_bucket(pieces, piece_layout)
   if agreed is not None:
@@ -526,22 +533,17 @@ def _bucket_phase1(compressor, pieces, piece_keys, piece_layout, workers):
   parts = layout_lib.payload_parts(payload, [compressor.payload_struct(n) for n in piece_layout.sizes])
   encoded = allgather.bucket_encoded(compressor, payload, piece_layout, parts, shapes)
   received = yield core.Message("all_to_all", rows, encoded=encoded)
-  return payload, received
+  return payload, parts, received
 
 
 def _bucket_phase2(compressor, shards, residuals, lays, shard_layout, keys, axis_name):
   """Re-encodes this worker's shards (plus their residuals) at once, gathers all, decodes them (messages).
 
   Returns every tensor's mean (flat), its new shard residual (flat, or
-  ``None``) and this worker's phase-2 payload.
+  ``None``) and this worker's phase-2 payload cut into its tensors' parts.
   """
   index = parallel.axis_index(axis_name)
-  ys = []
-  for shard, residual, lay in zip(shards, residuals, lays):
-    if residual is not None:
-      padded = jnp.pad(residual.reshape(-1).astype(jnp.float32), (0, lay.padded - lay.n))
-      shard = shard + lax.dynamic_slice(padded, (index * lay.chunk,), (lay.chunk,))
-    ys.append(shard)
+  ys = [_with_residual(shard, residual, lay, index * lay.chunk) for shard, residual, lay in zip(shards, residuals, lays)]
   agreed = compressor.agree_bucket(ys, shard_layout)  # one encoder per shard: its own scalars, no round
   payload = lax.optimization_barrier(compressor.encode_bucket(ys, keys, agreed, shard_layout))
   shapes = [(n,) for n in shard_layout.sizes]
@@ -554,8 +556,6 @@ def _bucket_phase2(compressor, shards, residuals, lays, shard_layout, keys, axis
   if any(r is not None for r in residuals):
     sent = compressor.own_bucket(ys, payload, shard_layout)
     sent = compressor.decode_bucket(payload, shard_layout) if sent is None else sent
-    for i, (y, s, residual, lay) in enumerate(zip(ys, sent, residuals, lays)):
-      if residual is not None:
-        whole = lax.dynamic_update_slice(jnp.zeros((lay.padded,), jnp.float32), y - s, (index * lay.chunk,))
-        kept[i] = whole[:lay.n]
-  return means, kept, payload
+    kept = [None if residual is None else _kept(y, sent_i, lay, index * lay.chunk)
+            for y, sent_i, residual, lay in zip(ys, sent, residuals, lays)]
+  return means, kept, parts
