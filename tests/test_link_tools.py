@@ -104,7 +104,12 @@ def test_sweep_runs_an_entry_under_the_launcher():
 def test_link_sweep_plans_every_design_over_every_link(tmp_path):
   from configs import threelc_link as cfg
   runs = sweep.plan("configs/threelc_link.py", str(tmp_path))
-  assert len(runs) == len(cfg.LINKS) * len(cfg.DESIGNS) == 15
+  assert len(runs) == len(cfg.LINKS) * len(cfg.DESIGNS) + len(cfg.TWO_PHASE) == 19
+  two = [r for r in runs if r["name"].endswith("_two_phase")]
+  assert {r["name"].split("_")[0] for r in two} == set(cfg.TWO_PHASE_LINKS)
+  assert all(r["overrides"]["compressor_kwargs"]["exchange"] == "two_phase" for r in two)
+  assert {r["name"].removesuffix("_two_phase") for r in two} == {
+      f"10mbit_{d}" for d in cfg.DESIGNS if d != "float32"}
   for r in runs:
     link_rate = r["name"].split("_")[0]
     assert link_rate in cfg.LINKS

@@ -54,9 +54,9 @@ def link_table(cfg: Any, runs: dict[str, dict], link: str, column: int) -> list[
            f"| design | s / step | train time | speedup | time to {100 * target:.0f} % | speedup "
            "| paper speedup | test acc. (%) | bytes / worker / step | fallback rounds / step |",
            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-  for name, (label, _) in cfg.DESIGNS.items():
+  for name, (label, _) in cfg.designs(link).items():
     run = runs.get(cfg.run_name(link, name))
-    paper = cfg.PAPER["speedup"].get(name)
+    paper = cfg.PAPER["speedup"].get(name.removesuffix("_two_phase"))
     paper_cell = f"{paper[column]:g}x" if paper else "—"
     if run is None:
       lines.append(f"| {label} | — | — | — | — | — | {paper_cell} | — | — | — |")
@@ -123,7 +123,10 @@ def render(runs_by_dataset, out_path: str, img_dir: str) -> list[str]:
       "and written in the config; *speedup*: float's time over the design's at the same link. "
       f"3LC sends its zero-run stream in a buffer of a fixed fraction of the base-3⁵ size (s = 1.00: "
       f"{cfg.CAPACITY[1.00]}, s = 1.75: {cfg.CAPACITY[1.75]}, chosen before the runs); a tensor whose "
-      "stream did not fit on some worker is sent again in base-3⁵ (*fallback rounds*). TernGrad is this project's addition "
+      "stream did not fit on some worker is sent again in base-3⁵ (*fallback rounds*). At "
+      f"{', '.join(cfg.TWO_PHASE_LINKS)} every compressed design runs a second time with the two-phase "
+      "exchange (*two-phase* rows: compressed reduce-scatter, re-encode, all-gather, so pulls are "
+      "compressed as in the paper; the others' all-gather compresses pushes only). TernGrad is this project's addition "
       "(the paper's nearest row, Stoch 3-value b-3-5, is TernGrad without clipping). The 4 "
       "processes share 2 CPU cores, so compute takes a far larger share of a step than on the "
       "paper's GPUs and every speedup is smaller.",
@@ -149,7 +152,7 @@ def scale_lines(cfg: Any, done: dict[str, dict]) -> list[str]:
   diffs = sorted({d for r in done.values() for d in D.scale_differences(r["config"], _paper_scale())})
   return [("**Scale: REDUCED** — " + "; ".join(f"{w}: {o} (paper: {p})" for w, o, p in diffs) + "."
            if diffs else "**Scale: full**."),
-          f"Runs finished: {len(done)} of {len(cfg.LINKS) * len(cfg.DESIGNS)}; seed 0; "
+          f"Runs finished: {len(done)} of {len(cfg.get_sweep())}; seed 0; "
           f"{sum(r['summary']['wall_time_sec'] for r in done.values()) / 60:.0f} min of wall time in "
           f"all (process start-up and evaluations included), one run at a time.", ""]
 
@@ -170,13 +173,15 @@ def plot_accuracy_vs_time(cfg: Any, runs: dict[str, dict], path: str, dataset: s
     return False
   fig, axes = plt.subplots(1, len(cfg.LINKS), figsize=(4.6 * len(cfg.LINKS), 4), sharey=True)
   for ax, link in zip(axes, cfg.LINKS):
-    for name, (label, _) in cfg.DESIGNS.items():
+    for name, (label, _) in cfg.designs(link).items():
       run = runs.get(cfg.run_name(link, name))
       if run is None:
         continue
       test = plots.read_metrics(run["workdir"])["test"]
+      design = name.removesuffix("_two_phase")  # a two-phase run: dashed, in its design's colour
       ax.plot([r["train_time"] for r in test], [100 * r["accuracy"] for r in test], marker="o",
-              ms=3, label=label)
+              ms=3, label=label, ls="-" if design == name else "--",
+              color=f"C{list(cfg.DESIGNS).index(design)}")
     ax.axhline(100 * cfg.TARGET_ACCURACY, color="k", ls="--", lw=0.8)
     ax.set_title(link)
     ax.set_xlabel("training time (s)")
