@@ -43,6 +43,7 @@ import platform
 import statistics
 import sys
 import time
+from typing import NamedTuple, Optional
 
 # Re-exported: the other benchmarks and the tests read results through this module too.
 from experiments.link_results import (  # noqa: F401
@@ -174,8 +175,8 @@ def _build(method, shapes, mesh):
   def per_device(g, s):  # one worker per device: drop its worker axis of size 1, then restore it
     upd, s2 = tx.update(jax.tree.map(lambda a: a[0], g), parallel.worker_slice(s, 0))
     m = jaxcomp.metrics(s2)  # this device's, per step, exact
-    counts = [m[k].traced() for k in ("bytes_on_wire", "local_bytes") if k in m]
-    return parallel.expand_workers(s2), jnp.stack([w for c in counts for w in (c.hi, c.lo)])[None], upd
+    counts = {k: jnp.stack([m[k].traced().hi, m[k].traced().lo])[None] for k in COUNTS if k in m}
+    return parallel.expand_workers(s2), counts, upd
 
   # The state is donated, as a training step donates it, and comes first among the outputs: a donated
   # buffer goes to the first output of its size, so each old residual's buffer takes the new residual,
@@ -188,6 +189,12 @@ def _build(method, shapes, mesh):
       lambda a, sp: jax.make_array_from_callback(a.shape, jax.sharding.NamedSharding(mesh, sp),
                                                  lambda idx: a[idx]), state, specs)
   return step, state
+
+
+# The exchange's own counts recorded per method (``jaxcomp.metrics``): what a worker hands to the
+# collectives, what stays in the process (hierarchical), and, with a routed exchange, what it receives
+# (the plan's count that the link's measured bytes are held against).
+COUNTS = ("bytes_on_wire", "local_bytes", "received_bytes")
 
 
 def _words_to_int(words) -> int:
@@ -223,10 +230,7 @@ def _time_method(method, n, shapes, mesh, g, args) -> dict:
     if tracing:
       jax.profiler.stop_trace()
   size = sum(int(np.prod(s.shape)) for s in jax.tree.leaves(shapes))
-  words = np.asarray(wire.addressable_data(0))[0]
-  counts = {"bytes_on_wire": _words_to_int(words[:2])}
-  if len(words) > 2:
-    counts["local_bytes"] = _words_to_int(words[2:4])
+  counts = {k: _words_to_int(np.asarray(v.addressable_data(0))[0]) for k, v in wire.items()}
   if jax.local_device_count() > 1:  # what this process's devices hand to collectives between processes
     counts["process_bytes_on_wire"] = counts["bytes_on_wire"] * jax.local_device_count()
   if sent is not None:
@@ -326,9 +330,42 @@ def finish(benchmark: str, results: list, json_path, **fields) -> int:
 
 
 
-def model_rows(docs):
-  """Rows of whole-model results: ``(processes, link, model, tensors, method, median_s, collectives,
-  bytes, speedup, wire_ratio)``, speedups over the float ``none`` of the same model and document."""
+class ModelRow(NamedTuple):
+  """One method on one whole model in one document, against float ``none`` of the same."""
+  processes: int
+  link: str
+  model: str
+  tensors: int
+  method: str
+  median_s: float
+  collectives: int
+  bytes_on_wire: int
+  speedup: Optional[float]
+  wire_ratio: Optional[float]  # float's bytes over the all-gather payload's (the target's measure)
+  bound: Optional[float]  # float's bytes over the method's, both as measured leaving a worker's link
+  link_over_plan: Optional[float]  # the link's bytes ÷ the plan's received_bytes (routed exchanges)
+
+
+def _payload_key(method: str):
+  """What a method's all-gather payload depends on: its compressor and arguments, less the route and
+  the bucketing (``exchange``, ``bucket_bytes``), which change how it travels, not what it is."""
+  name, kwargs = method_spec(method)
+  return name, tuple(sorted((k, repr(v)) for k, v in kwargs.items() if k not in ("exchange", "bucket_bytes")))
+
+
+def model_rows(docs) -> list[ModelRow]:
+  """Whole-model results, speedups over the float ``none`` of the same model and document.
+
+  A routed method (``exchange="two_phase"``/``"auto"``) is held against the all-gather payload of
+  the same model, compressor and arguments in any of ``docs`` (its wire ratio: none without one).
+  A document without a float run is held against the first of ``docs`` with one at the same
+  processes, link and model (a method timed alone, in a launch of its own).
+  """
+  gathered = lambda r: r["method"] == "none" or method_spec(r["method"])[1].get("exchange", "all_gather") == "all_gather"
+  payload = {(r["model"], _payload_key(r["method"])): r["bytes_on_wire"]
+             for doc in docs for r in doc["results"] if "model" in r and gathered(r)}
+  floats = {(doc["processes"], doc["link"], r["model"]): r  # for a document without its own float run
+            for doc in reversed(docs) for r in doc["results"] if "model" in r and r["method"] == "none"}
   rows = []
   for doc in docs:
     by_model = {}
@@ -336,12 +373,17 @@ def model_rows(docs):
       if "model" in r:
         by_model.setdefault(r["model"], []).append(r)
     for model, results in by_model.items():
-      base = next((r for r in results if r["method"] == "none"), None)
+      base = next((r for r in results if r["method"] == "none"), floats.get((doc["processes"], doc["link"], model)))
       for r in results:
-        speedup = base["median_s"] / r["median_s"] if base else None
-        ratio = base["bytes_on_wire"] / r["bytes_on_wire"] if base else None
-        rows.append((doc["processes"], doc["link"], model, r["tensors"], r["method"], r["median_s"],
-                     sum(r["collectives"].values()), r["bytes_on_wire"], speedup, ratio))
+        wire = r["bytes_on_wire"] if gathered(r) else payload.get((model, _payload_key(r["method"])))
+        sent = (base or {}).get("link_tx_bytes"), r.get("link_tx_bytes")
+        rows.append(ModelRow(
+            doc["processes"], doc["link"], model, r["tensors"], r["method"], r["median_s"],
+            sum(r["collectives"].values()), r["bytes_on_wire"],
+            base["median_s"] / r["median_s"] if base else None,
+            base["bytes_on_wire"] / wire if base and wire else None,
+            sent[0] / sent[1] if all(sent) else None,
+            sent[1] / r["received_bytes"] if sent[1] and r.get("received_bytes") else None))
   return rows
 
 
@@ -350,10 +392,11 @@ def _model_table(rows) -> None:
   print("| processes | link | model (tensors) | method | median s | collectives | bytes on the wire "
         "| speedup | wire ratio | speedup / wire ratio |")
   print("|---:|---|---|---|---:|---:|---:|---:|---:|---:|")
-  for p, link, model, tensors, method, t, ops, b, sp, ratio in rows:
-    eff = sp / ratio if sp is not None and method != "none" else None
-    print(f"| {p} | {link} | {model} ({tensors}) | `{method}` | {t:.3f} | {ops} | {b:,} | "
-          f"{fmt(sp, '.2f')} | {fmt(ratio, '.1f')} | {fmt(eff, '.2f')} |")
+  for r in rows:
+    eff = r.speedup / r.wire_ratio if r.speedup is not None and r.wire_ratio and r.method != "none" else None
+    print(f"| {r.processes} | {r.link} | {r.model} ({r.tensors}) | `{r.method}` | {r.median_s:.3f} | "
+          f"{r.collectives} | {r.bytes_on_wire:,} | {fmt(r.speedup, '.2f')} | {fmt(r.wire_ratio, '.1f')} | "
+          f"{fmt(eff, '.2f')} |")
 
 
 def pivot_columns(rows) -> list[tuple[int, str]]:
@@ -362,23 +405,37 @@ def pivot_columns(rows) -> list[tuple[int, str]]:
   return sorted({(r[0], r[1]) for r in rows}, key=lambda c: (c[0], rate_bits_per_second(c[1]) or math.inf))
 
 
-def _model_pivot(rows) -> None:
-  """Float's seconds and each method's speedup ÷ wire ratio, a row per (model, method) and a column
-  per (processes, link): the grid of whole models at a glance."""
+def _pivot(rows, header: str, cell) -> None:
+  """A row per (model, method), smallest model first, and ``cell(row)`` ( ``|``-joined columns) per
+  (processes, link) column."""
   columns = pivot_columns(rows)
-  cell = {(r[0], r[1], r[2], r[4]): r for r in rows}
-  size = {r[2]: r[7] for r in rows if r[4] == "none"}  # a model's float bytes: the rows go smallest first
-  keys = list(dict.fromkeys((r[2], r[3], r[4]) for r in rows))
+  at = {(r.processes, r.link, r.model, r.method): r for r in rows}
+  size = {r.model: r.bytes_on_wire for r in rows if r.method == "none"}
+  keys = list(dict.fromkeys((r.model, r.tensors, r.method) for r in rows))
   keys.sort(key=lambda k: size.get(k[0], math.inf))  # stable: each model's methods keep their order
-  print("| model (tensors) | method | " + " | ".join(f"P = {p}, {l}" for p, l in columns) + " |")
-  print("|---|---|" + "---:|" * len(columns))
+  width = header.count("|") + 1
+  print("| model (tensors) | method | " + " | ".join(f"P = {p}, {l}: {header}" for p, l in columns) + " |")
+  print("|---|---|" + "---:|" * width * len(columns))
   for model, tensors, method in keys:
-    cells = []
-    for p, l in columns:
-      r = cell.get((p, l, model, method))
-      cells.append("" if r is None else f"{r[5]:.3f} s" if method == "none"
-                   else "" if r[8] is None else f"{r[8] / r[9]:.2f}")
+    cells = [cell(at[p, l, model, method]) if (p, l, model, method) in at else " | ".join([""] * width)
+             for p, l in columns]
     print(f"| {model} ({tensors}) | `{method}` | " + " | ".join(cells) + " |")
+
+
+def _model_pivot(rows) -> None:
+  """Seconds, and each method's speedup ÷ its bound and ÷ the wire ratio, a row per (model, method)
+  and three columns per (processes, link): the grid of whole models at a glance."""
+  fmt = lambda v: "" if v is None else f"{v:.2f}"
+  _pivot(rows, "s | ÷ bound | ÷ wire", lambda r: f"{r.median_s:.3f} | | " if r.method == "none" else
+         f"{r.median_s:.3f} | {fmt(r.speedup / r.bound if r.bound else None)} | "
+         f"{fmt(r.speedup / r.wire_ratio if r.wire_ratio else None)}")
+
+
+def _bytes_pivot(rows) -> None:
+  """Routed exchanges: the bytes that left a worker's link ÷ the plan's ``received_bytes``."""
+  routed = [r for r in rows if r.link_over_plan is not None]
+  if routed:
+    _pivot(routed, "link ÷ plan", lambda r: f"{r.link_over_plan:.3f}")
 
 
 def hosts_rows(doc):
@@ -426,13 +483,15 @@ def report(paths, plot=None, sizes=None) -> int:
   if models:
     _model_pivot(models)
     print()
+    _bytes_pivot(models)
+    print()
     _model_table(models)
     print()
   every = table_rows(docs)
   if not every:
     if plot:
-      _plot([(p, link, f"{m} ({k})", meth, t, b, sp, ratio, None) for p, link, m, k, meth, t, _, b, sp, ratio
-             in models], plot)
+      _plot([(r.processes, r.link, f"{r.model} ({r.tensors})", r.method, r.median_s, r.bytes_on_wire, r.speedup,
+              r.wire_ratio, None) for r in models], plot)
     return 0
   rows = [r for r in every if not sizes or r[2] in sizes]
   fmt = lambda v, spec: "" if v is None else format(v, spec)

@@ -212,17 +212,31 @@ def test_timeout_no_output_ends_a_silent_run():
 def test_link_benchmark_over_loopback(tmp_path):
   out = tmp_path / "link.json"
   res = subprocess.run([sys.executable, "-m", "benchmarks.link", "--processes", "2", "--n", "4096,8192",
-                        "--methods", "none,terngrad", "--trials", "1", "--warmup", "1",
+                        "--methods", "none,terngrad,terngrad:exchange='two_phase'", "--trials", "1", "--warmup", "1",
                         "--json", str(out)], cwd=REPO, env=_env(), capture_output=True, text=True,
                        timeout=120)
   assert res.returncode == 0, res.stdout + res.stderr
   doc = json.loads(out.read_text())
   assert doc["processes"] == 2 and doc["latency_s"] > 0
   wire = {(r["method"], r["n"]): r["bytes_on_wire"] for r in doc["results"]}
-  assert set(wire) == {(m, n) for m in ("none", "terngrad") for n in (4096, 8192)}
+  two_phase = "terngrad:exchange='two_phase'"
+  assert set(wire) == {(m, n) for m in ("none", "terngrad", two_phase) for n in (4096, 8192)}
   for n in (4096, 8192):
     assert wire["none", n] == 4 * n  # float32
     assert n // 4 <= wire["terngrad", n] < n // 2  # 2-bit codes and a few scalars
+  # A routed exchange's received bytes are recorded too: the plan's count, as under vmap.
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import jaxcomp  # pylint: disable=g-import-not-at-top
+  from jaxcomp import parallel  # pylint: disable=g-import-not-at-top
+  received = {r["n"]: r["received_bytes"] for r in doc["results"] if r["method"] == two_phase}
+  tx = jaxcomp.terngrad(axis_name="w", exchange="two_phase")
+  for n, got in received.items():
+    g = jnp.asarray(np.random.default_rng(0).standard_normal((2, n)), jnp.float32)
+    state = parallel.replicate_workers(tx.init(g[0]), 2)
+    _, s2 = jax.vmap(tx.update, in_axes=(0, parallel.worker_axes(state)), axis_name="w")(g, state)
+    assert got == int(jaxcomp.metrics(parallel.worker_slice(s2, 0))["received_bytes"])
 
 
 def test_heartbeat_timeout_from_env_shortens_a_survivors_wait(tmp_path):

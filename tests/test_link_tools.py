@@ -47,6 +47,41 @@ def test_table_rows_give_speedups_wire_ratios_and_the_model():
   assert link.table_rows([_doc(2, "loopback (not shaped)", [("none", 10, 1.0, 40)])])[0][8] is None
 
 
+def _model_doc(processes, link_name, results):
+  return {"benchmark": "link", "processes": processes, "link": link_name, "latency_s": 1e-3,
+          "results": [dict(method=m, model="resnet20", tensors=59, median_s=t, bytes_on_wire=b, link_tx_bytes=tx,
+                           collectives={"all-gather": 1}, **({"received_bytes": rx} if rx else {}))
+                      for m, t, b, tx, rx in results]}
+
+
+def test_model_rows_hold_a_routed_exchange_against_the_all_gather_payload(tmp_path, capsys):
+  two_phase, big = "terngrad:exchange='two_phase'", "qsgd:exchange='two_phase':bucket_bytes=8388608"
+  fast = _model_doc(4, "100mbit", [("none", 1.0, 1600, 2400, None), ("terngrad", 0.2, 100, 300, None),
+                                   (two_phase, 0.1, 120, 160, 150)])
+  slow = _model_doc(4, "10mbit", [("none", 10.0, 1600, 2400, None), ("qsgd", 4.0, 200, 600, None),
+                                  (big, 2.0, 240, 330, 300)])
+  rows = {(r.link, r.method): r for r in link.model_rows([fast, slow])}
+  tp = rows["100mbit", two_phase]
+  assert (tp.speedup, tp.wire_ratio) == (10.0, 16.0)  # float's bytes over the all-gather payload's, not its own
+  assert tp.bound == 2400 / 160 and tp.link_over_plan == 160 / 150
+  # The payload is found in another document, whatever the route and buckets.
+  assert rows["10mbit", big].wire_ratio == 8.0 and rows["10mbit", big].link_over_plan == 1.1
+  assert rows["100mbit", "terngrad"].link_over_plan is None and rows["100mbit", "none"].bound == 1.0
+  alone = link.model_rows([_model_doc(4, "10mbit", [("none", 10.0, 1600, 2400, None),
+                                                    (big, 2.0, 240, 330, 300)])])
+  assert alone[1].wire_ratio is None  # no all-gather of it anywhere: no ratio rather than a wrong one
+  # A method launched alone is held against the float run of the same processes, link and model.
+  (single,) = link.model_rows([_model_doc(4, "10mbit", [(big, 2.5, 240, 330, 300)]), slow])[:1]
+  assert (single.speedup, single.wire_ratio, single.bound) == (4.0, 8.0, 2400 / 330)
+  for i, doc in enumerate((fast, slow)):
+    (tmp_path / f"{i}.json").write_text(json.dumps(doc))
+  assert link.main(["--report", str(tmp_path / "0.json"), str(tmp_path / "1.json")]) == 0
+  out = capsys.readouterr().out
+  assert "| P = 4, 10mbit: s | ÷ bound | ÷ wire | P = 4, 100mbit: s | ÷ bound | ÷ wire |" in out
+  assert f"| resnet20 (59) | `{two_phase}` |  |  |  | 0.100 | 0.67 | 0.62 |" in out
+  assert "P = 4, 100mbit: link ÷ plan" in out and "| 1.067 |" in out
+
+
 def test_hosts_report_sets_each_method_against_its_hierarchical_run(tmp_path, capsys):
   results = [dict(method=m, model="resnet110", median_s=t, bytes_on_wire=b, process_bytes_on_wire=4 * b,
                   link_tx_bytes=tx) for m, t, b, tx in
@@ -86,9 +121,11 @@ def test_model_report_pivots_the_grid_by_processes_and_link(tmp_path, capsys):
     paths[-1].write_text(json.dumps(d))
   assert link.main(["--report"] + [str(p) for p in paths] + ["--plot", str(tmp_path / "m.png")]) == 0
   out = capsys.readouterr().out.splitlines()
-  assert out[0] == "| model (tensors) | method | P = 2, 10mbit | P = 2, 1gbit | P = 4, 10mbit |"
-  assert out[2] == "| resnet20 (59) | `none` | 2.000 s | 0.020 s | 3.000 s |"
-  assert out[3] == "| resnet20 (59) | `terngrad` | 0.50 | 0.31 | 0.38 |"  # speedup / wire ratio 16
+  assert out[0] == ("| model (tensors) | method | P = 2, 10mbit: s | ÷ bound | ÷ wire | P = 2, 1gbit: s | ÷ bound "
+                    "| ÷ wire | P = 4, 10mbit: s | ÷ bound | ÷ wire |")
+  assert out[2] == "| resnet20 (59) | `none` | 2.000 | |  | 0.020 | |  | 3.000 | |  |"
+  # speedup / wire ratio 16; no link bytes measured, so no bound
+  assert out[3] == "| resnet20 (59) | `terngrad` | 0.250 |  | 0.50 | 0.004 |  | 0.31 | 0.500 |  | 0.38 |"
   assert (tmp_path / "m.png").stat().st_size > 10_000
 
 
