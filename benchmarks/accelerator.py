@@ -308,7 +308,7 @@ class Exchange:
     """Bytes this worker handed to collectives in the last call (``jaxcomp.metrics``)."""
     import numpy as np  # pylint: disable=g-import-not-at-top
     from benchmarks import link  # pylint: disable=g-import-not-at-top
-    return link._words_to_int(np.asarray(self.wire.addressable_data(0))[0][:2])  # pylint: disable=protected-access
+    return link._words_to_int(np.asarray(self.wire["bytes_on_wire"].addressable_data(0))[0])  # pylint: disable=protected-access
 
 
 def bench_exchange(scale: Scale, budget: Budget) -> list[dict]:
