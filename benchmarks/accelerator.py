@@ -306,9 +306,8 @@ class Exchange:
 
   def bytes_on_wire(self) -> int:
     """Bytes this worker handed to collectives in the last call (``jaxcomp.metrics``)."""
-    import numpy as np  # pylint: disable=g-import-not-at-top
     from benchmarks import link  # pylint: disable=g-import-not-at-top
-    return link._words_to_int(np.asarray(self.wire["bytes_on_wire"].addressable_data(0))[0])  # pylint: disable=protected-access
+    return link.read_counts(self.wire)["bytes_on_wire"]
 
 
 def bench_exchange(scale: Scale, budget: Budget) -> list[dict]:

@@ -203,6 +203,12 @@ def _words_to_int(words) -> int:
   return hi * 2**32 + lo
 
 
+def read_counts(wire) -> dict[str, int]:
+  """The exact :data:`COUNTS` of this process's first device from a step's ``wire`` output."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  return {k: _words_to_int(np.asarray(v.addressable_data(0))[0]) for k, v in wire.items()}
+
+
 def _time_method(method, n, shapes, mesh, g, args) -> dict:
   """One method on one workload: ``--warmup`` untimed calls, then ``--trials`` timed ones."""
   import jax  # pylint: disable=g-import-not-at-top
@@ -230,7 +236,7 @@ def _time_method(method, n, shapes, mesh, g, args) -> dict:
     if tracing:
       jax.profiler.stop_trace()
   size = sum(int(np.prod(s.shape)) for s in jax.tree.leaves(shapes))
-  counts = {k: _words_to_int(np.asarray(v.addressable_data(0))[0]) for k, v in wire.items()}
+  counts = read_counts(wire)
   if jax.local_device_count() > 1:  # what this process's devices hand to collectives between processes
     counts["process_bytes_on_wire"] = counts["bytes_on_wire"] * jax.local_device_count()
   if sent is not None:
