@@ -65,6 +65,7 @@ from typing import Any, Literal, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from jax import lax
@@ -179,58 +180,86 @@ class QSGD(core.BucketCompressor):
     return QSGDPayload(codes=jax.ShapeDtypeStruct((bits.packed_size(n, self.width),), jnp.uint8),
                        norms=jax.ShapeDtypeStruct((full + (rest > 0),), jnp.float32))
 
-  def _uniforms(self, keys, sizes: list[int]):
-    """``u(i, lo, hi)``: tensor ``i``'s uniforms of its values ``[lo, hi)`` (flat), as :func:`jaxcomp.rng.uniform` draws them."""
-    if self.rng != "hash":
-      drawn = [rng.uniform(k, n, self.rng) for k, n in zip(keys, sizes)]
-      return lambda i, lo, hi: drawn[i][lo:hi]
-    seeds = rng.hash_seeds(keys)
-    return lambda i, lo, hi: rng.hash_to_uniform(rng.hash_bits24_at(
-        lax.iota(jnp.uint32, hi - lo) + jnp.uint32(lo), seeds[i, 0], seeds[i, 1]))
-
   def encode_bucket(self, xs, keys, agreed, layout):
     """Eq. 4 over a bucket of tensors: all their full QSGD buckets as the rows of one array, at once.
 
     Row ``r`` (bucket ``j`` of tensor ``i``) draws the uniforms of values
     ``j·d … (j+1)·d − 1`` of tensor ``i``; its norm is its own maximum (exact in
-    any order). The payload is every tensor's codes (its full rows packed one
-    by one, then its partial last bucket) and norms, tensor after tensor.
+    any order). The tensors' partial last buckets are quantized likewise, the
+    ones of one length as the rows of one array (:meth:`_partial_groups`: a
+    model's many biases share a few lengths), so the program does not grow
+    with the bucket's tensors. The payload is every tensor's codes (its full
+    rows packed one by one, then its partial last bucket) and norms, tensor
+    after tensor.
     """
     del agreed
     d = self.bucket_size
     split = [self._split(n) for n in layout.sizes]
-    full_of = [i for i, (_, full, _) in enumerate(split) if full]
-    uniform = self._uniforms(keys, list(layout.sizes))
     codes, norms = [[] for _ in xs], [[] for _ in xs]
+    full_of = [i for i, (_, full, _) in enumerate(split) if full]
     if full_of:
       counts = [split[i][1] for i in full_of]
       rows = [xs[i][:c * d].reshape(c, d) for i, c in zip(full_of, counts)]
-      rows = rows[0] if len(rows) == 1 else jnp.concatenate(rows)
-      if self.rng == "hash":
-        u = self._row_uniforms(keys, counts, full_of, rows.shape)
-      else:
-        u = jnp.concatenate([uniform(i, 0, c * d).reshape(c, d) for i, c in zip(full_of, counts)])
-      c, m = self._quantize(rows, u)
-      packed = jax.vmap(lambda r: bits.pack_uint(r, self.width))(c)
-      packed = layout_lib.materialize(packed) if len(xs) > 1 else packed  # one loop, not one a tensor
+      packed, m = self._quantized_rows(keys, rows, full_of, [0] * len(full_of), layout.sizes, single=len(xs) == 1)
       lo = 0
       for i, count in zip(full_of, counts):
         codes[i].append(packed[lo:lo + count].reshape(-1))
         norms[i].append(m[lo:lo + count])
         lo += count
-    for i, (flat, (_, full, rest)) in enumerate(zip(xs, split)):
-      if rest:
-        c, m = self._quantize(flat[full * d:][None, :], uniform(i, full * d, full * d + rest)[None, :])
-        codes[i].append(bits.pack_uint(c.reshape(-1), self.width))
-        norms[i].append(m)
+    for rest, group in self._partial_groups(layout.sizes):
+      rows = [xs[i][split[i][1] * d:][None, :] for i in group]
+      packed, m = self._quantized_rows(keys, rows, group, [split[i][1] * d for i in group], layout.sizes,
+                                        single=len(group) == 1)
+      for t, i in enumerate(group):
+        codes[i].append(packed[t])
+        norms[i].append(m[t:t + 1])
     return QSGDPayload(codes=_concat([a for c in codes for a in c], jnp.uint8),
                        norms=_concat([a for m in norms for a in m], jnp.float32))
 
-  def _row_uniforms(self, keys, counts, tensors, shape):
-    """The hash's uniforms of the stacked full rows (``counts[t]`` rows of tensor ``tensors[t]``)."""
+  def _partial_groups(self, sizes) -> list[tuple[int, list[int]]]:
+    """The tensors with a partial last bucket, grouped by its length: ``[(length, [tensor, ...]), ...]``."""
+    groups = {}
+    for i, n in enumerate(sizes):
+      rest = self._split(n)[2]
+      if rest:
+        groups.setdefault(rest, []).append(i)
+    return sorted(groups.items())
+
+  def _quantized_rows(self, keys, rows, tensors, starts, sizes, single):
+    """Rows of one width quantized and packed row by row at once: ``(packed bytes (rows, ·), norms (rows,))``.
+
+    ``rows[t]`` is ``(count, width)`` of tensor ``tensors[t]`` (of ``sizes[·]``
+    values) from its value ``starts[t]``, each row drawing the uniforms of its
+    values' indices within the tensor (as the tensor alone). ``single``: the
+    packed rows are read by one consumer (otherwise computed once into their
+    own buffer, not once a tensor inside its slice).
+    """
+    counts = [r.shape[0] for r in rows]
+    v = rows[0] if len(rows) == 1 else jnp.concatenate(rows)
+    if self.rng == "hash":
+      u = self._row_uniforms(keys, counts, tensors, starts, v.shape)
+    else:
+      u = jnp.concatenate([rng.uniform(keys[i], sizes[i], self.rng)[s:s + c * v.shape[1]].reshape(c, -1)
+                           for i, s, c in zip(tensors, starts, counts)])
+    c, m = self._quantize(v, u)
+    packed = jax.vmap(lambda r: bits.pack_uint(r, self.width))(c)
+    return (packed if single else layout_lib.materialize(packed)), m
+
+  def _row_uniforms(self, keys, counts, tensors, starts, shape):
+    """The hash's uniforms of stacked rows: ``counts[t]`` rows of tensor ``tensors[t]`` from its value ``starts[t]``.
+
+    Each row's tensor and first index come from tables of one value a group of
+    rows (:func:`jax.numpy.repeat` by the static counts): no constant or
+    operation a row.
+    """
     seeds = rng.hash_seeds(keys)
-    ids = jnp.concatenate([jnp.full((c,), i, jnp.int32) for i, c in zip(tensors, counts)])
-    base = jnp.concatenate([jnp.arange(c, dtype=jnp.uint32) * jnp.uint32(self.bucket_size) for c in counts])
+    rows, width = shape
+    group = jnp.repeat(jnp.arange(len(counts), dtype=jnp.int32), np.asarray(counts, np.int64),
+                       total_repeat_length=rows)
+    first_row = np.concatenate([[0], np.cumsum(counts[:-1], dtype=np.int64)])
+    table = lambda values: jnp.asarray(np.asarray(values, np.int64).astype(np.uint32))[group]
+    base = table(starts) + (lax.iota(jnp.uint32, rows) - table(first_row)) * np.uint32(width)
+    ids = jnp.asarray(np.asarray(tensors, np.int32))[group]
     index = base[:, None] + lax.broadcasted_iota(jnp.uint32, shape, 1)
     return rng.hash_to_uniform(rng.hash_bits24_at(index, seeds[ids, 0][:, None], seeds[ids, 1][:, None]))
 
@@ -241,32 +270,37 @@ class QSGD(core.BucketCompressor):
     return [core.sum_leading(a) / a.shape[0] for a in self._rows_decoded(gathered, layout, lead=1)]
 
   def _rows_decoded(self, payload, layout, lead: int):
-    """Every tensor decoded (after ``lead`` worker axes): the full rows of all at once, then each partial bucket."""
-    d, s, w = self.bucket_size, self.levels, self.width
+    """Every tensor decoded (after ``lead`` worker axes): the full rows of all at once, then the partial buckets by length."""
+    d = self.bucket_size
     head = payload.codes.shape[:lead]
     split = [self._split(n) for n in layout.sizes]
     parts = layout_lib.payload_parts(payload, [self.payload_struct(n) for n in layout.sizes], lead)
     full_of = [i for i, (_, full, _) in enumerate(split) if full]
     out = [[] for _ in split]
     if full_of:
-      cut = lambda i: split[i][1] * d * w // 8
+      cut = lambda i: split[i][1] * d * self.width // 8
       packed = jnp.concatenate([parts[i].codes[..., :cut(i)].reshape(head + (split[i][1], -1)) for i in full_of],
                                axis=lead)
-      scale = jnp.concatenate([parts[i].norms[..., :split[i][1]] for i in full_of], axis=lead) / s
-      rows = jax.vmap(lambda r: bits.unpack_uint(r, w, d))(packed.reshape((-1,) + packed.shape[-1:]))
-      rows = rows.reshape(packed.shape[:-1] + (d,))
-      values = (rows.astype(jnp.int32) - s).astype(jnp.float32) * scale[..., None]
+      norms = jnp.concatenate([parts[i].norms[..., :split[i][1]] for i in full_of], axis=lead)
+      values = self._dequantized_rows(packed, norms, d)
       lo = 0
       for i in full_of:
         out[i].append(values[..., lo:lo + split[i][1], :].reshape(head + (-1,)))
         lo += split[i][1]
-    for i, (_, full, rest) in enumerate(split):
-      if rest:
-        codes = parts[i].codes[..., full * d * w // 8:]
-        unpack = lambda b, rest=rest: bits.unpack_uint(b, w, rest)
-        c = jax.vmap(unpack)(codes.reshape((-1,) + codes.shape[lead:])).reshape(head + (rest,))
-        out[i].append((c.astype(jnp.int32) - s).astype(jnp.float32) * (parts[i].norms[..., full] / s)[..., None])
+    for rest, group in self._partial_groups(layout.sizes):
+      packed = jnp.stack([parts[i].codes[..., split[i][1] * d * self.width // 8:] for i in group], axis=lead)
+      norms = jnp.stack([parts[i].norms[..., split[i][1]] for i in group], axis=lead)
+      values = self._dequantized_rows(packed, norms, rest)
+      for t, i in enumerate(group):
+        out[i].append(values[..., t, :])
     return [o[0] if len(o) == 1 else jnp.concatenate(o, axis=-1) for o in out]
+
+  def _dequantized_rows(self, packed, norms, width):
+    """Rows of ``width`` values from their packed codes ``(..., rows, bytes)`` and norms ``(..., rows)``."""
+    s, w = self.levels, self.width
+    rows = jax.vmap(lambda r: bits.unpack_uint(r, w, width))(packed.reshape((-1,) + packed.shape[-1:]))
+    rows = rows.reshape(packed.shape[:-1] + (width,))
+    return (rows.astype(jnp.int32) - s).astype(jnp.float32) * (norms / s)[..., None]
 
   def encode(self, x, key, agreed):
     return super().encode(x, key, agreed) if self.bucket_encode else self._encode_whole(x, key)

@@ -241,7 +241,9 @@ class Layout:
     one dtype. A bucket of one broadcasts its scalar; otherwise each chunk
     takes its tensor's value from the table (a few thousand lookups).
     """
-    if isinstance(values, (list, tuple)):
+    if isinstance(values, (list, tuple)) and not any(isinstance(v, jax.Array) for v in values):
+      table = jnp.asarray(np.asarray(values))  # static values (widths, sizes): one constant of k
+    elif isinstance(values, (list, tuple)):
       table = jnp.stack([jnp.asarray(v).reshape(()) for v in values])
     else:
       table = values
@@ -311,8 +313,16 @@ class Layout:
     return out
 
   def _chunk_tensor(self) -> jax.Array:
-    """The tensor each chunk belongs to: int32 ``(chunks,)``, built from broadcasts (no constant of that size)."""
-    return _joined([jnp.full((c,), i, jnp.int32) for i, c in enumerate(self.chunks)])
+    """The tensor each chunk belongs to: int32 ``(chunks,)``.
+
+    A repeat of ``0 … k − 1`` by the static chunk counts: a few operations
+    and a constant of ``k`` values whatever the bucket's number of tensors or
+    chunks (one ``full`` a tensor grew the program with the tensors, and with
+    the workers for a two-phase bucket's ``N·k`` pieces).
+    """
+    k = len(self.chunks)
+    return jnp.repeat(jnp.arange(k, dtype=jnp.int32), np.asarray(self.chunks, np.int64),
+                      total_repeat_length=int(sum(self.chunks)))
 
   def index(self) -> jax.Array:
     """Each value's index within its own tensor, ``uint32[planes, chunks, CHUNK]``.
@@ -330,9 +340,10 @@ class Layout:
   def _column(self) -> jax.Array:
     """Each value's column within its own tensor, ``uint32[planes, chunks, CHUNK]``: ``(j − first_i)·CHUNK + c``."""
     col = jax.lax.broadcasted_iota(jnp.uint32, self._shape(), 2)
-    base = jnp.arange(self.chunks[0], dtype=jnp.uint32) * np.uint32(self.chunk) if len(self.sizes) == 1 else \
-        _joined([jnp.arange(c, dtype=jnp.uint32) * np.uint32(self.chunk) for c in self.chunks])
-    return base[:, None] + col
+    chunk = jnp.arange(sum(self.chunks), dtype=jnp.uint32)
+    if len(self.sizes) > 1:  # the chunk's index within its own tensor
+      chunk = chunk - self.per_chunk([np.uint32(f) for f in self.first])[:, 0]
+    return (chunk * np.uint32(self.chunk))[:, None] + col
 
   def valid(self) -> jax.Array:
     """Where a tensor's ``planes·m_i`` values are its own (``index < n_i``), not its padding to them (bool).
