@@ -109,8 +109,8 @@ class QSGD(core.BucketCompressor):
   itself (``d·b`` a multiple of 8, e.g. the default ``d = 512``), a bucket of tensors is
   quantized at once (``bucket_encode``): the full QSGD buckets of all its
   tensors as the rows of one ``(rows, d)`` array (each row's norm its own, the
-  uniforms drawn by each value's index within its tensor), each tensor's
-  partial last bucket alone.
+  uniforms drawn by each value's index within its tensor), and the partial
+  last buckets of one length likewise.
 
   Attributes:
     levels: ``s``, the number of quantization levels (>= 1).
