@@ -40,6 +40,7 @@ import json
 import math
 import os
 import platform
+import re
 import statistics
 import sys
 import time
@@ -146,7 +147,6 @@ def _workload(n, mesh, rank):
 
 def collectives(compiled_text: str) -> dict:
   """Collective ops in a compiled program's HLO text, by kind (``-start`` forms counted once)."""
-  import re  # pylint: disable=g-import-not-at-top
   counts = {}
   # A combined collective returns a tuple, "(f32[22]{0}, /*index=5*/f32[24]{0}, ...)".
   for kind in re.findall(r"= (?:\([^()]*\)|\S+) (all-gather|all-reduce|all-to-all|collective-permute|reduce-scatter)"
@@ -219,13 +219,14 @@ def _time_method(method, n, shapes, mesh, g, args) -> dict:
     state, wire, upd = step(g, state)
     jax.block_until_ready(upd)
   times = []
-  sent = link_tx_bytes()
+  sent, again = link_tx_bytes(), tcp_retransmitted_bytes()
   for _ in range(args.trials):
     t0 = time.perf_counter()
     state, wire, upd = step(g, state)
     jax.block_until_ready(upd)
     times.append(time.perf_counter() - t0)
   sent = None if sent is None else (link_tx_bytes() - sent) // args.trials
+  again = None if again is None else (tcp_retransmitted_bytes() - again) // args.trials
   if args.profile:  # every rank takes part in the calls; rank 0 traces them
     tracing = jax.process_index() == 0
     if tracing:
@@ -241,6 +242,8 @@ def _time_method(method, n, shapes, mesh, g, args) -> dict:
     counts["process_bytes_on_wire"] = counts["bytes_on_wire"] * jax.local_device_count()
   if sent is not None:
     counts["link_tx_bytes"] = sent
+  if again is not None:
+    counts["link_retransmitted_bytes"] = again
   return {"method": method, "n": size, **({"model": n} if isinstance(n, str) else {}),
           "tensors": len(jax.tree.leaves(shapes)), "median_s": statistics.median(times),
           "min_s": min(times), "times_s": times, "collectives": ops, **counts}
@@ -258,6 +261,25 @@ def link_tx_bytes():
       if name.strip() != "lo":
         total += int(fields.split()[8])  # transmit bytes
   return total
+
+
+def tcp_retransmitted_bytes():
+  """TCP payload bytes this process has sent again (``ss -ti``'s ``bytes_retrans`` over its
+  connections, whose counters live as long as they do: gloo keeps its own for the whole run), or
+  ``None`` on an unshaped run or without ``ss``.
+
+  On a shaped link a burst that overflows a receiver's queue (several workers sending to one at
+  once) is dropped there after it left the sender, so ``link_tx_bytes`` counts it twice: what the
+  exchange sends is ``link_tx_bytes`` less this.
+  """
+  import subprocess  # pylint: disable=g-import-not-at-top
+  if not os.environ.get("JAXCOMP_LINK"):
+    return None
+  try:
+    out = subprocess.run(["ss", "-tinH"], capture_output=True, text=True, check=True).stdout
+  except (OSError, subprocess.CalledProcessError):
+    return None
+  return sum(int(v) for v in re.findall(r"\bbytes_retrans:(\d+)", out))
 
 
 def _latency(mesh, calls: int = 30) -> float:
@@ -349,7 +371,7 @@ class ModelRow(NamedTuple):
   speedup: Optional[float]
   wire_ratio: Optional[float]  # float's bytes over the all-gather payload's (the target's measure)
   bound: Optional[float]  # float's bytes over the method's, both as measured leaving a worker's link
-  link_over_plan: Optional[float]  # the link's bytes ÷ the plan's received_bytes (routed exchanges)
+  link_over_plan: Optional[float]  # the link's bytes less retransmissions ÷ the plan's received_bytes (routed)
 
 
 def _payload_key(method: str):
@@ -389,8 +411,15 @@ def model_rows(docs) -> list[ModelRow]:
             base["median_s"] / r["median_s"] if base else None,
             base["bytes_on_wire"] / wire if base and wire else None,
             sent[0] / sent[1] if all(sent) else None,
-            sent[1] / r["received_bytes"] if sent[1] and r.get("received_bytes") else None))
+            _link_over_plan(r)))
   return rows
+
+
+def _link_over_plan(r) -> Optional[float]:
+  """What a routed exchange sent over its link, TCP's retransmissions taken out, ÷ the plan's
+  ``received_bytes`` (``None`` without both)."""
+  sent, plan = r.get("link_tx_bytes"), r.get("received_bytes")
+  return (sent - r.get("link_retransmitted_bytes", 0)) / plan if sent and plan else None
 
 
 def _model_table(rows) -> None:

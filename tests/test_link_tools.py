@@ -273,3 +273,20 @@ def test_the_timed_step_updates_each_residual_in_its_own_buffer():
   step, state = link._build("int8", shapes, mesh)
   entry = step.lower(g, state).compile().as_text().split("ENTRY", 1)[1]
   assert " copy(%param" not in entry
+
+
+def test_link_bytes_less_tcps_retransmissions_are_held_against_the_plan(monkeypatch):
+  """A segment dropped at a receiver's queue left its sender twice; the exchange sent it once."""
+  import subprocess
+  lines = ("ESTAB 0 0 10.0.0.1:4000 10.0.0.2:5000\n\t cubic wscale:7,7 rto:204 bytes_sent:9000 "
+           "bytes_retrans:1448 bytes_acked:7553 segs_out:7\n"
+           "ESTAB 0 0 10.0.0.1:4001 10.0.0.3:5000\n\t cubic bytes_sent:500 bytes_acked:501 segs_out:2\n"
+           "ESTAB 0 0 10.0.0.1:4002 10.0.0.4:5000\n\t cubic bytes_sent:900 bytes_retrans:52 bytes_acked:849\n")
+  monkeypatch.setattr(subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, stdout=lines))
+  monkeypatch.delenv("JAXCOMP_LINK", raising=False)
+  assert link.tcp_retransmitted_bytes() is None  # unshaped: nothing is counted
+  monkeypatch.setenv("JAXCOMP_LINK", "10mbit")
+  assert link.tcp_retransmitted_bytes() == 1500
+  doc = _model_doc(8, "10mbit", [("none", 10.0, 1600, 2400, None), ("int8:exchange='two_phase'", 2.0, 240, 330, 300)])
+  doc["results"][1]["link_retransmitted_bytes"] = 24
+  assert link.model_rows([doc])[1].link_over_plan == (330 - 24) / 300
