@@ -36,6 +36,7 @@ the rest, branches of a ``lax.cond`` included).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -60,6 +61,9 @@ def _parse(argv):
                       "(flat: every device a worker) unless it says within=local (hierarchical: a "
                       "float mean within the process, compressed between processes)")
   p.add_argument("--link", default=None, help="RATE[,DELAY] for experiments.launch --link")
+  p.add_argument("--heartbeat-timeout", type=int, default=None, metavar="S",
+                 help="for experiments.launch (its default: 30 s); 8 processes on 2 cores compiling a "
+                      "large model may need more")
   p.add_argument("--n", type=_sizes, default=None,
                  help="float32 values per worker (default 8,000,000); a comma-separated list runs "
                       "each size; with --report, only these sizes are shown")
@@ -118,6 +122,7 @@ def launch_self(args, argv, module: str = "benchmarks.link") -> int:
   from experiments import launch  # pylint: disable=g-import-not-at-top
   os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={getattr(args, 'devices', 1)}"
   own = ["--processes", str(args.processes)] + (["--link", args.link] if args.link else [])
+  own += ["--heartbeat-timeout", str(args.heartbeat_timeout)] if getattr(args, "heartbeat_timeout", None) else []
   return launch.main(own + ["--", "-m", module, "--worker"] + list(argv))
 
 
@@ -209,12 +214,33 @@ def read_counts(wire) -> dict[str, int]:
   return {k: _words_to_int(np.asarray(v.addressable_data(0))[0]) for k, v in wire.items()}
 
 
+@contextlib.contextmanager
+def _one_compile_at_a_time():
+  """Holds a lock file shared by this host's processes, so that they compile one after another.
+
+  Compiling is not timed, and every process of a launch compiles the same program: at once, their
+  compilers' working memory adds up (eight processes compiling ResNet-110's two-phase QSGD step,
+  about 3 GB each at its peak, filled this 24 GiB host). One at a time, the peak is one compiler's
+  working memory over what the compiled programs keep.
+  """
+  import fcntl  # pylint: disable=g-import-not-at-top
+  import tempfile  # pylint: disable=g-import-not-at-top
+  with open(os.path.join(tempfile.gettempdir(), "jaxcomp-benchmark-compile.lock"), "w") as f:
+    fcntl.flock(f, fcntl.LOCK_EX)
+    try:
+      yield
+    finally:
+      fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def _time_method(method, n, shapes, mesh, g, args) -> dict:
   """One method on one workload: ``--warmup`` untimed calls, then ``--trials`` timed ones."""
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   step, state = _build(method, shapes, mesh)
-  ops = collectives(step.lower(g, state).compile().as_text())
+  with _one_compile_at_a_time():
+    step = step.lower(g, state).compile()  # the calls below run this executable
+  ops = collectives(step.as_text())
   for _ in range(args.warmup):
     state, wire, upd = step(g, state)
     jax.block_until_ready(upd)

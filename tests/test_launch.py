@@ -213,7 +213,7 @@ def test_link_benchmark_over_loopback(tmp_path):
   out = tmp_path / "link.json"
   res = subprocess.run([sys.executable, "-m", "benchmarks.link", "--processes", "2", "--n", "4096,8192",
                         "--methods", "none,terngrad,terngrad:exchange='two_phase'", "--trials", "1", "--warmup", "1",
-                        "--json", str(out)], cwd=REPO, env=_env(), capture_output=True, text=True,
+                        "--heartbeat-timeout", "60", "--json", str(out)], cwd=REPO, env=_env(), capture_output=True, text=True,
                        timeout=120)
   assert res.returncode == 0, res.stdout + res.stderr
   doc = json.loads(out.read_text())
