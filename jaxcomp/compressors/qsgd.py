@@ -249,13 +249,12 @@ class QSGD(core.BucketCompressor):
     """The hash's uniforms of stacked rows: ``counts[t]`` rows of tensor ``tensors[t]`` from its value ``starts[t]``.
 
     Each row's tensor and first index come from tables of one value a group of
-    rows (:func:`jax.numpy.repeat` by the static counts): no constant or
+    rows (:func:`~jaxcomp.exchange.layout.segment_ids`): no constant or
     operation a row.
     """
     seeds = rng.hash_seeds(keys)
     rows, width = shape
-    group = jnp.repeat(jnp.arange(len(counts), dtype=jnp.int32), np.asarray(counts, np.int64),
-                       total_repeat_length=rows)
+    group = layout_lib.segment_ids(counts)
     first_row = np.concatenate([[0], np.cumsum(counts[:-1], dtype=np.int64)])
     table = lambda values: jnp.asarray(np.asarray(values, np.int64).astype(np.uint32))[group]
     base = table(starts) + (lax.iota(jnp.uint32, rows) - table(first_row)) * np.uint32(width)

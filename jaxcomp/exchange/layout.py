@@ -320,9 +320,7 @@ class Layout:
     chunks (one ``full`` a tensor grew the program with the tensors, and with
     the workers for a two-phase bucket's ``N·k`` pieces).
     """
-    k = len(self.chunks)
-    return jnp.repeat(jnp.arange(k, dtype=jnp.int32), np.asarray(self.chunks, np.int64),
-                      total_repeat_length=int(sum(self.chunks)))
+    return segment_ids(self.chunks)
 
   def index(self) -> jax.Array:
     """Each value's index within its own tensor, ``uint32[planes, chunks, CHUNK]``.
@@ -360,6 +358,15 @@ class Layout:
     masks both.
     """
     return self.valid() & (self._column() < self.per_chunk([np.uint32(m) for m in self.widths]))
+
+
+def segment_ids(counts: Sequence[int]) -> jax.Array:
+  """``i`` repeated ``counts[i]`` times (static counts): the segment each of ``sum(counts)`` items is in, int32.
+
+  A few operations and a constant of ``len(counts)`` values, whatever the counts.
+  """
+  return jnp.repeat(jnp.arange(len(counts), dtype=jnp.int32), np.asarray(counts, np.int64),
+                    total_repeat_length=int(sum(counts)))
 
 
 def _joined(parts: Sequence[jax.Array], axis: int = 0) -> jax.Array:
