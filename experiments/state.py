@@ -267,35 +267,34 @@ def _collect_orbax_leftovers(timeout: float = 5.0) -> None:
   reported in one line.
 
   TensorStore's own threads can still finish an abandoned read after every
-  coroutine is gone, and hand its result to the closed loop, seconds later:
-  so the unraisable-exception filter stays installed for the rest of the
-  process (``_drop_closed_loop_reports``). It drops only those two reports.
+  coroutine is gone, and hand its result to the closed loop, seconds later,
+  and a finished read's task can be collected long after: so what drops
+  those reports stays installed for the rest of the process
+  (``_drop_closed_loop_reports``). It drops only those three reports.
   """
   _drop_closed_loop_reports()
-  never_retrieved = pylogging.Filter()
-  never_retrieved.filter = lambda record: "exception was never retrieved" not in record.getMessage()
-  asyncio_log = pylogging.getLogger("asyncio")
-  asyncio_log.addFilter(never_retrieved)
-  try:
-    deadline = time.monotonic() + timeout
-    while True:
-      gc.collect()
-      pending = sum(_is_orbax_coroutine(o) and o.cr_frame is not None for o in gc.get_objects())
-      if not pending or time.monotonic() > deadline:
-        break
-      time.sleep(0.02)
-  finally:
-    asyncio_log.removeFilter(never_retrieved)
+  deadline = time.monotonic() + timeout
+  while True:
+    gc.collect()
+    pending = sum(_is_orbax_coroutine(o) and o.cr_frame is not None for o in gc.get_objects())
+    if not pending or time.monotonic() > deadline:
+      break
+    time.sleep(0.02)
 
 
 def _drop_closed_loop_reports() -> None:
-  """Installs (once) an unraisable hook that drops an abandoned orbax read's reports.
+  """Installs (once) what drops an abandoned orbax read's reports, for the rest of the process.
 
   Dropped: an orbax coroutine destroyed unfinished, and a ``RuntimeError("Event
   loop is closed")``, which is what a read finishing after orbax closed its
-  loop raises from ``call_soon_threadsafe``. Everything else goes to the
-  hook installed before (Python's, or pytest's).
+  loop raises from ``call_soon_threadsafe`` (an unraisable hook: everything
+  else goes to the hook installed before, Python's or pytest's); and asyncio's
+  "Task exception was never retrieved" of an orbax coroutine's task, logged
+  whenever the garbage collector gets to the task, which can be long after
+  the coroutine ended (a filter on the ``asyncio`` logger: other tasks' reports
+  pass).
   """
+  pylogging.getLogger("asyncio").addFilter(_orbax_task_reports)  # a no-op when it is there
   if getattr(sys.unraisablehook, "_jaxcomp_drops_closed_loop", False):
     return
   previous = sys.unraisablehook
@@ -308,6 +307,12 @@ def _drop_closed_loop_reports() -> None:
 
   hook._jaxcomp_drops_closed_loop = True  # pylint: disable=protected-access
   sys.unraisablehook = hook
+
+
+def _orbax_task_reports(record: pylogging.LogRecord) -> bool:
+  """A logging filter: ``False`` (drop) for asyncio's report of an orbax task's unretrieved exception."""
+  message = record.getMessage()
+  return not ("exception was never retrieved" in message and f"{os.sep}orbax{os.sep}" in message)
 
 
 def _is_orbax_coroutine(obj) -> bool:

@@ -14,6 +14,7 @@ latter are damaged).
 
 import csv
 import gc
+import logging
 import os
 import shutil
 import signal
@@ -202,7 +203,24 @@ def test_a_late_closed_loop_report_is_dropped_and_others_are_not(monkeypatch):
   assert seen == [other]
 
 
+def test_an_orbax_tasks_late_unretrieved_exception_is_dropped_and_others_are_not(caplog):
+  """The task of a read orbax abandoned can be collected long after the restore: asyncio's
+  "Task exception was never retrieved" for it is dropped whenever it comes, another task's is not."""
+  state_lib._collect_orbax_leftovers(timeout=0.0)  # pylint: disable=protected-access
+  state_lib._collect_orbax_leftovers(timeout=0.0)  # pylint: disable=protected-access
+  asyncio_log = logging.getLogger("asyncio")
+  assert asyncio_log.filters.count(state_lib._orbax_task_reports) == 1  # pylint: disable=protected-access
+  orbax = os.path.join("site-packages", "orbax", "checkpoint", "serialization.py")
+  with caplog.at_level(logging.ERROR, logger="asyncio"):
+    asyncio_log.error("Task exception was never retrieved\nfuture: <Task finished coro=<_read() done, "
+                      "defined at %s:272> exception=Exception('read')>", orbax)
+    asyncio_log.error("Task exception was never retrieved\nfuture: <Task finished coro=<mine() done, "
+                      "defined at %s:1> exception=Exception('mine')>", os.path.join("src", "mine.py"))
+  assert [r.getMessage().split("coro=<")[1][:5] for r in caplog.records] == ["mine("]
+
+
 @quiet
+@pytest.mark.slow
 def test_no_readable_checkpoint_stops_or_starts_afresh(tmp_path, stopped, caplog):
   """Both checkpoints damaged: one CheckpointError naming them and where they went, unless told."""
   b = tmp_path / "b"
