@@ -58,6 +58,7 @@ def pytest_configure(config):
   (``tests/test_multiprocess_train.py`` gives its workers a cache of their own).
   """
   _report_time_limits(config)
+  _long_files_first(config)
   import atexit  # pylint: disable=g-import-not-at-top
   import shutil  # pylint: disable=g-import-not-at-top
   import tempfile  # pylint: disable=g-import-not-at-top
@@ -73,6 +74,26 @@ def pytest_configure(config):
     os.environ[_CACHE_ENV] = cache
     atexit.register(shutil.rmtree, cache, True)
   jax.config.update("jax_compilation_cache_dir", cache)
+
+
+def _long_files_first(config):
+  """Keeps the collection's order of files for pytest-xdist (``pytest_collection_modifyitems``
+  puts the files with a test marked ``slow`` first).
+
+  Under ``--dist loadfile`` a worker runs a file whole, and takes the next one when it is
+  done. xdist's default order, the most tests first, leaves the files of a few long tests
+  (subprocesses training a config) to the end, where one worker runs the last of them while
+  the other has nothing left; started first, they end while the short files still fill both.
+  """
+  if hasattr(config.option, "loadscopereorder"):
+    config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(session, config, items):
+  """The files with a test marked ``slow`` first, each file's tests together and in order."""
+  del session, config
+  slow = {item.path for item in items if item.get_closest_marker("slow")}
+  items.sort(key=lambda item: item.path not in slow)  # a stable sort: files keep their order
 
 
 # Where the reports of time limits go: a copy of the process's stderr, taken in

@@ -30,6 +30,7 @@ def tiny_run(tmp_path_factory):
   return doc, (out / "accelerator.md").read_text()
 
 
+@pytest.mark.slow
 def test_tiny_run_collects_the_marked_tests_without_the_absent_packages(tiny_run):
   doc, _ = tiny_run
   tests = doc["tests"]

@@ -3,6 +3,7 @@
 import json
 
 import numpy as np
+import pytest
 
 from benchmarks import terngrad_variance as tv
 
@@ -25,6 +26,7 @@ def test_scalar_over_sigma_by_hand():
   np.testing.assert_allclose(r, [min(1.0, 2.5 * spike.std()) / spike.std()] * 2)
 
 
+@pytest.mark.slow
 def test_tiny_real_run_writes_what_the_report_reads(tmp_path):
   res = tv.main(["--train_steps", "2", "--batches", "1", "--keys", "1", "--workers", "2",
                  "--dataset", "mnist5k", "--out", str(tmp_path)])

@@ -98,6 +98,7 @@ def test_cifarnet_runlocal(tmp_path):
   assert json.load(open(tmp_path / "config.json"))["image_size"] == 32
 
 
+@pytest.mark.slow
 def test_alexnet_runlocal_stand_in(tmp_path):
   """AlexNet at 64x64 (stand-in): TernGrad with the float logits layer and fc6 sparsity."""
   s, rows = _runlocal(terngrad_alexnet, tmp_path)
@@ -108,6 +109,7 @@ def test_alexnet_runlocal_stand_in(tmp_path):
   assert float(last["float_bytes"]) > 4 * 4096 * 10  # logits (and small tensors) sent in float
 
 
+@pytest.mark.slow
 def test_googlenet_runlocal_stand_in(tmp_path):
   """GoogLeNet at 32x32 (stand-in) with TernGrad: the config's run is built and its step lowered.
 

@@ -209,6 +209,7 @@ def test_timeout_no_output_ends_a_silent_run():
   assert "no process wrote a line for 1 s" in res.stderr and "ended rank(s) 0, 1" in res.stderr
 
 
+@pytest.mark.slow
 def test_link_benchmark_over_loopback(tmp_path):
   out = tmp_path / "link.json"
   res = subprocess.run([sys.executable, "-m", "benchmarks.link", "--processes", "2", "--n", "4096,8192",

@@ -275,7 +275,7 @@ def test_the_timed_step_updates_each_residual_in_its_own_buffer():
   assert " copy(%param" not in entry
 
 
-def test_link_bytes_less_tcps_retransmissions_are_held_against_the_plan(monkeypatch):
+def test_link_bytes_less_tcps_retransmissions_are_held_against_the_plan(monkeypatch, capsys):
   """A segment dropped at a receiver's queue left its sender twice; the exchange sent it once."""
   import subprocess
   lines = ("ESTAB 0 0 10.0.0.1:4000 10.0.0.2:5000\n\t cubic wscale:7,7 rto:204 bytes_sent:9000 "
@@ -284,9 +284,12 @@ def test_link_bytes_less_tcps_retransmissions_are_held_against_the_plan(monkeypa
            "ESTAB 0 0 10.0.0.1:4002 10.0.0.4:5000\n\t cubic bytes_sent:900 bytes_retrans:52 bytes_acked:849\n")
   monkeypatch.setattr(subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, stdout=lines))
   monkeypatch.delenv("JAXCOMP_LINK", raising=False)
-  assert link.tcp_retransmitted_bytes() is None  # unshaped: nothing is counted
+  assert link.tcp_counters() is None  # unshaped: nothing is counted
   monkeypatch.setenv("JAXCOMP_LINK", "10mbit")
-  assert link.tcp_retransmitted_bytes() == 1500
+  assert link.tcp_counters() == (10400, 1500)
   doc = _model_doc(8, "10mbit", [("none", 10.0, 1600, 2400, None), ("int8:exchange='two_phase'", 2.0, 240, 330, 300)])
-  doc["results"][1]["link_retransmitted_bytes"] = 24
-  assert link.model_rows([doc])[1].link_over_plan == (330 - 24) / 300
+  doc["results"][1].update(link_retransmitted_bytes=24, tcp_payload_bytes=297)
+  row = link.model_rows([doc])[1]
+  assert row.link_over_plan == (330 - 24) / 300 and row.tcp_over_plan == 297 / 300
+  link._bytes_pivot([row])
+  assert "| `int8:exchange='two_phase'` | 1.020 | 0.990 |" in capsys.readouterr().out

@@ -23,6 +23,7 @@ def _cases():
 # The steps whose update is not zero. "wrappers": jaxcomp.multi_steps(k=2) inside
 # jaxcomp.apply_if_finite around a compressed chain, step 2 not finite on worker 1 (skipped).
 @pytest.mark.parametrize("case, moving", [("terngrad", {0, 1}), ("wrappers", {1, 4}), ("diloco", {1, 3})])
+@pytest.mark.slow
 def test_two_processes_match_vmap(tmp_path, case, moving):
   outs = run_workers("worker.py", N, tmp_path, args=[case])
   for k in outs[0]:  # every process holds the same average

@@ -180,6 +180,7 @@ def test_break_even_small_tensors_and_limit():
   assert est.break_even_workers(_break_even_compressors()["terngrad"], 1 << 20, limit=8) is None
 
 
+@pytest.mark.slow
 def test_two_phase_never_crosses_the_float_ring_where_it_splits():
   from experiments import perfmodel_estimates as est
   from jaxcomp.exchange import two_phase

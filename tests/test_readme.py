@@ -110,6 +110,7 @@ def _run_page(name, tmp_path, extra=()):
   return _run(_blocks("python")[:1] + _blocks("python", page) + list(extra), tmp_path).stdout
 
 
+@pytest.mark.slow
 def test_meshes_page_blocks_run_on_auto_and_explicit_axes(tmp_path):
   """Hosts, the model-sharded recipe as written on Auto axes and again on Explicit ones, and the step by hand."""
   page = (ROOT / "docs" / "meshes.md").read_text()

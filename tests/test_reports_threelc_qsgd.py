@@ -95,6 +95,7 @@ def test_qsgd_t1_reduced_is_3lc_t1s_scale_with_4bit_read_both_ways():
 
 
 @pytest.mark.parametrize("module", CONFIGS.values(), ids=CONFIGS.keys())
+@pytest.mark.slow
 def test_runlocal_runs_end_to_end(module, tmp_path):
   """runlocal as committed (ResNet-8, its workers and batch), 2 steps, on MNIST-5k."""
   c = module.get_config("runlocal,dataset=mnist5k")

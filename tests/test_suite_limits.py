@@ -111,6 +111,7 @@ def test_an_aborted_worker_fails_the_run(tmp_path):
   assert_crashed_once("test_aborts", output)
 
 
+@pytest.mark.slow
 def test_the_suite_limit_shows_the_running_tests_and_ends_the_run(tmp_path):
   """With no per-test limit, .ci/deadline.py's limit names the running test, shows stacks, ends all."""
   output, status, seconds = run(tmp_path, "-o", "timeout=0", "-k", "hangs",

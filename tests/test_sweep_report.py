@@ -22,6 +22,7 @@ def _sweep(root, *extra):
   return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
 
 
+@pytest.mark.slow
 def test_sweep_then_report(tmp_path):
   out = _sweep(tmp_path)
   assert out.returncode == 0, out.stderr[-2000:]

@@ -67,6 +67,7 @@ def _rows(workdir):
   return [{k: v for k, v in r.items() if k not in drop} for r in csv.DictReader(open(workdir / "metrics.csv"))]
 
 
+@pytest.mark.slow
 def test_lm_run_resumes_bit_identically(tmp_path):
   """Killed after step 6 (last checkpoint: 4), resumed, finished: the same bits as an uninterrupted
   run: the text pipeline continues at its step, and the optimizer state (DiLoCo's worker offsets and

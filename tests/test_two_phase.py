@@ -208,6 +208,7 @@ def test_same_numbers_under_vmap_shard_map_and_both(comp):
   assert tp.split(comp, n, n_workers) is not None
 
 
+@pytest.mark.slow
 def test_two_processes_match_vmap(tmp_path):
   """jax.distributed on loopback, one CPU device per process: the numbers of vmap."""
   n_proc = 2

@@ -122,6 +122,7 @@ def test_link_step_without_root_says_so(monkeypatch, tmp_path):
 
 
 @pytest.mark.timeout(600)  # 87 s alone on two cores with other jobs running
+@pytest.mark.slow
 def test_runlocal_runs_then_reports_from_files_alone(tmp_path, monkeypatch, capfd):
   # In this process (JAX is up already); the sweep's training runs are subprocesses, on one device each.
   monkeypatch.chdir(ROOT)
