@@ -245,14 +245,14 @@ def _time_method(method, n, shapes, mesh, g, args) -> dict:
     state, wire, upd = step(g, state)
     jax.block_until_ready(upd)
   times = []
-  sent, again = link_tx_bytes(), tcp_retransmitted_bytes()
+  sent, tcp = link_tx_bytes(), tcp_counters()
   for _ in range(args.trials):
     t0 = time.perf_counter()
     state, wire, upd = step(g, state)
     jax.block_until_ready(upd)
     times.append(time.perf_counter() - t0)
   sent = None if sent is None else (link_tx_bytes() - sent) // args.trials
-  again = None if again is None else (tcp_retransmitted_bytes() - again) // args.trials
+  tcp = None if tcp is None else [(b - a) // args.trials for a, b in zip(tcp, tcp_counters())]
   if args.profile:  # every rank takes part in the calls; rank 0 traces them
     tracing = jax.process_index() == 0
     if tracing:
@@ -268,8 +268,8 @@ def _time_method(method, n, shapes, mesh, g, args) -> dict:
     counts["process_bytes_on_wire"] = counts["bytes_on_wire"] * jax.local_device_count()
   if sent is not None:
     counts["link_tx_bytes"] = sent
-  if again is not None:
-    counts["link_retransmitted_bytes"] = again
+  if tcp is not None:
+    counts["tcp_payload_bytes"], counts["link_retransmitted_bytes"] = tcp[0] - tcp[1], tcp[1]
   return {"method": method, "n": size, **({"model": n} if isinstance(n, str) else {}),
           "tensors": len(jax.tree.leaves(shapes)), "median_s": statistics.median(times),
           "min_s": min(times), "times_s": times, "collectives": ops, **counts}
@@ -289,14 +289,16 @@ def link_tx_bytes():
   return total
 
 
-def tcp_retransmitted_bytes():
-  """TCP payload bytes this process has sent again (``ss -ti``'s ``bytes_retrans`` over its
-  connections, whose counters live as long as they do: gloo keeps its own for the whole run), or
-  ``None`` on an unshaped run or without ``ss``.
+def tcp_counters():
+  """``(sent, retransmitted)``: TCP payload bytes this process has handed its links, and of them the
+  ones sent again (``ss -ti``'s ``bytes_sent`` and ``bytes_retrans`` over its connections, whose
+  counters live as long as they do: gloo keeps its own for the whole run), or ``None`` on an unshaped
+  run or without ``ss``.
 
   On a shaped link a burst that overflows a receiver's queue (several workers sending to one at
   once) is dropped there after it left the sender, so ``link_tx_bytes`` counts it twice: what the
-  exchange sends is ``link_tx_bytes`` less this.
+  exchange sent through its sockets is ``sent`` less ``retransmitted`` (gloo's framing included;
+  the IP and TCP headers, and the acknowledgements of what this process received, not).
   """
   import subprocess  # pylint: disable=g-import-not-at-top
   if not os.environ.get("JAXCOMP_LINK"):
@@ -305,7 +307,8 @@ def tcp_retransmitted_bytes():
     out = subprocess.run(["ss", "-tinH"], capture_output=True, text=True, check=True).stdout
   except (OSError, subprocess.CalledProcessError):
     return None
-  return sum(int(v) for v in re.findall(r"\bbytes_retrans:(\d+)", out))
+  count = lambda field: sum(int(v) for v in re.findall(rf"\b{field}:(\d+)", out))
+  return count("bytes_sent"), count("bytes_retrans")
 
 
 def _latency(mesh, calls: int = 30) -> float:
@@ -398,6 +401,7 @@ class ModelRow(NamedTuple):
   wire_ratio: Optional[float]  # float's bytes over the all-gather payload's (the target's measure)
   bound: Optional[float]  # float's bytes over the method's, both as measured leaving a worker's link
   link_over_plan: Optional[float]  # the link's bytes less retransmissions ÷ the plan's received_bytes (routed)
+  tcp_over_plan: Optional[float]  # what its sockets sent once (TCP payload) ÷ the plan's received_bytes
 
 
 def _payload_key(method: str):
@@ -437,15 +441,21 @@ def model_rows(docs) -> list[ModelRow]:
             base["median_s"] / r["median_s"] if base else None,
             base["bytes_on_wire"] / wire if base and wire else None,
             sent[0] / sent[1] if all(sent) else None,
-            _link_over_plan(r)))
+            _link_over_plan(r), _over_plan(r, r.get("tcp_payload_bytes"))))
   return rows
+
+
+def _over_plan(r, sent) -> Optional[float]:
+  """``sent`` bytes ÷ the plan's ``received_bytes`` (``None`` without both: not a routed exchange)."""
+  plan = r.get("received_bytes")
+  return sent / plan if sent and plan else None
 
 
 def _link_over_plan(r) -> Optional[float]:
   """What a routed exchange sent over its link, TCP's retransmissions taken out, ÷ the plan's
-  ``received_bytes`` (``None`` without both)."""
-  sent, plan = r.get("link_tx_bytes"), r.get("received_bytes")
-  return (sent - r.get("link_retransmitted_bytes", 0)) / plan if sent and plan else None
+  ``received_bytes``: headers and acknowledgements included."""
+  sent = r.get("link_tx_bytes")
+  return _over_plan(r, sent and sent - r.get("link_retransmitted_bytes", 0))
 
 
 def _model_table(rows) -> None:
@@ -493,10 +503,12 @@ def _model_pivot(rows) -> None:
 
 
 def _bytes_pivot(rows) -> None:
-  """Routed exchanges: the bytes that left a worker's link ÷ the plan's ``received_bytes``."""
+  """Routed exchanges: the bytes that left a worker's link, and that its sockets sent once (TCP's
+  payload, where recorded), ÷ the plan's ``received_bytes``."""
+  fmt = lambda v: "" if v is None else f"{v:.3f}"
   routed = [r for r in rows if r.link_over_plan is not None]
   if routed:
-    _pivot(routed, "link ÷ plan", lambda r: f"{r.link_over_plan:.3f}")
+    _pivot(routed, "link ÷ plan | TCP ÷ plan", lambda r: f"{r.link_over_plan:.3f} | {fmt(r.tcp_over_plan)}")
 
 
 def hosts_rows(doc):
