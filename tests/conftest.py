@@ -47,7 +47,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 
 def pytest_configure(config):
-  """Reports of time limits (below), and one compilation cache for the run's pytest processes.
+  """Reports of time limits (below), the files of long tests first, and one compilation cache
+  for the run's pytest processes.
 
   Many tests compile identical programs (a training step of the same config,
   the same exchange in several layouts); JAX's persistent cache keys a
