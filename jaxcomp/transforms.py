@@ -718,7 +718,7 @@ class _Compress:
     next_key, step_key = jax.random.split(state.key)
     compressed = [i for i, s in enumerate(p.skipped) if not s]
     together, split = self.encoded_together(p, topology)
-    xs, bad, layouts = self.inputs(p, residuals, together, compressed)
+    xs, bad, layouts = self.inputs(p, residuals, together, split, compressed, self.groups(p, topology))
     layouts = topology.host_flags(xs, bad, layouts, together, compressed, set_aside)
     keys = self.leaf_keys(step_key, compressed, topology)
     steps = self.tensor_steps(p, xs, bad, residuals, inners, shards, together, split, layouts, keys)
@@ -748,33 +748,41 @@ class _Compress:
         self.compressor) else []
     return [ids for ids in gathered if ids], [ids for ids in split if ids]
 
-  def inputs(self, p: _Plan, residuals, together, compressed):
+  def inputs(self, p: _Plan, residuals, together, split, compressed, groups):
     """1. Each compressed tensor's ``x = g + r``, its non-finite tensors set aside: ``(xs, bad, layouts)``.
 
-    A bucket encoded at once is checked together (elsewhere a tensor's ``x``
-    may be computed in another loop with its check than alone, and XLA:CPU's
+    A bucket encoded at once, all-gathered (``together``) or two-phase
+    (``split``), is checked together (elsewhere a tensor's ``x`` may be
+    computed in another loop with its check than alone, and XLA:CPU's
     contraction of a momentum's multiply-add into an FMA differs between
-    loops), and its kernels start after the previous bucket's check. With one
-    worker per device it is joined once, in its encoder's layout, for the
-    check and the encoder (``layouts`` carry the join). With vmap-simulated
+    loops), and its kernels start after the previous bucket's check, in the
+    order of ``groups``, the buckets' (:func:`jaxcomp.core.after`: otherwise
+    every bucket's residual add and check ran before the first collective;
+    ResNet-110's two-phase QSGD step at 4 processes over 100 Mbit/s waited
+    27 ms for its first collective, 16 ms chained: ``benchmarks.timeline``). With one worker per device an all-gathered bucket is joined
+    once, in its encoder's layout, for the check and the encoder (``layouts``
+    carry the join, one per bucket of ``together``). With vmap-simulated
     workers the join is every simulated worker's, and its copy with the
     set-aside tensors zeroed cost more than a second join
     (``benchmarks.step_time``). Decided here, where the axes are bound: a
     device axis is one of the mesh that ``shard_map`` traces under.
     """
     one_join = bool(self.worker_axes) and all(map(parallel.is_device_axis, self.worker_axes))
-    covered = {i for ids in together for i in ids}
-    xs, bad, layouts = {}, {}, []
-    for k, ids in enumerate(together + [[i] for i in compressed if i not in covered]):
+    gathered = {id(ids): k for k, ids in enumerate(together)}
+    covered = {i for ids in together + split for i in ids}
+    xs, bad, layouts = {}, {}, [None] * len(together)
+    exchanged = {i: k for k, group in enumerate(groups) for i in group}
+    in_order = sorted(together + split, key=lambda ids: exchanged[ids[0]])  # as exchanged (stable)
+    for k, ids in enumerate(in_order + [[i] for i in compressed if i not in covered]):
       x_ids = [add_residual(p.leaves[i], residuals[i], self.use_ef) for i in ids]
-      if 0 < k < len(together):  # a bucket's kernels start after the previous bucket's check
-        x_ids = core.after(x_ids, bad[together[k - 1][-1]])
+      if 0 < k < len(in_order):  # a bucket's kernels start after the previous bucket's check
+        x_ids = core.after(x_ids, bad[in_order[k - 1][-1]])
       bucket_layout = None
-      if k < len(together):
+      if id(ids) in gathered:
         bucket_layout = layout_lib.Layout([core.size_of(jnp.shape(p.leaves[i])) for i in ids], self.compressor.planes)
       xs_ids, bad_ids, joined_layout = set_aside_nonfinite(x_ids, bucket_layout if one_join else None)
       if bucket_layout is not None:
-        layouts.append(bucket_layout if joined_layout is None else joined_layout)
+        layouts[gathered[id(ids)]] = bucket_layout if joined_layout is None else joined_layout
       xs.update(zip(ids, xs_ids))
       bad.update(zip(ids, bad_ids))
     return xs, bad, layouts
