@@ -717,8 +717,8 @@ class _Compress:
     residuals, shards = topology.take(residuals), topology.take(shards)
     next_key, step_key = jax.random.split(state.key)
     compressed = [i for i, s in enumerate(p.skipped) if not s]
-    together, split = self.encoded_together(p, topology)
-    xs, bad, layouts = self.inputs(p, residuals, together, split, compressed, self.groups(p, topology))
+    together, split, in_order = self.encoded_together(p, topology)
+    xs, bad, layouts = self.inputs(p, residuals, in_order, compressed)
     layouts = topology.host_flags(xs, bad, layouts, together, compressed, set_aside)
     keys = self.leaf_keys(step_key, compressed, topology)
     steps = self.tensor_steps(p, xs, bad, residuals, inners, shards, together, split, layouts, keys)
@@ -734,55 +734,58 @@ class _Compress:
       return hierarchy.Flat()
     return hierarchy.Local(self.within, [jnp.shape(g) for g in p.leaves], self.compressor, p.skipped)
 
-  def encoded_together(self, p: _Plan, topology) -> tuple[list[list[int]], list[list[int]]]:
+  def encoded_together(self, p: _Plan, topology) -> tuple[list[list[int]], list[list[int]], list[list[int]]]:
     """The buckets (leaf ids) whose tensors a compressor with ``bucket_encode`` encodes at once.
 
-    Two lists: the all-gathered tensors' buckets, and the two-phase tensors'
-    (:func:`~jaxcomp.exchange.two_phase.bucket_steps`, where it applies).
+    Three lists: the all-gathered tensors' buckets, the two-phase tensors'
+    (:func:`~jaxcomp.exchange.two_phase.bucket_steps`, where it applies), and
+    both kinds in the order they are exchanged (the same lists).
     """
     if self.compressor is None or not self.compressor.bucket_encode or self.compressor.custom_exchange:
-      return [], []
-    groups = self.groups(p, topology)
-    gathered = [[i for i in group if not p.skipped[i] and i not in p.two_phase] for group in groups]
-    split = [[i for i in group if i in p.two_phase] for group in groups] if two_phase.bucket_applies(
-        self.compressor) else []
-    return [ids for ids in gathered if ids], [ids for ids in split if ids]
+      return [], [], []
+    applies = two_phase.bucket_applies(self.compressor)
+    together, split, in_order = [], [], []
+    for group in self.groups(p, topology):
+      gathered = [i for i in group if not p.skipped[i] and i not in p.two_phase]
+      halves = [i for i in group if i in p.two_phase] if applies else []
+      for ids, kind in ((gathered, together), (halves, split)):
+        if ids:
+          kind.append(ids)
+          in_order.append(ids)
+    return together, split, in_order
 
-  def inputs(self, p: _Plan, residuals, together, split, compressed, groups):
+  def inputs(self, p: _Plan, residuals, buckets, compressed):
     """1. Each compressed tensor's ``x = g + r``, its non-finite tensors set aside: ``(xs, bad, layouts)``.
 
-    A bucket encoded at once, all-gathered (``together``) or two-phase
-    (``split``), is checked together (elsewhere a tensor's ``x`` may be
-    computed in another loop with its check than alone, and XLA:CPU's
+    A bucket encoded at once (``buckets``, all-gathered or two-phase, in the
+    order they are exchanged) is checked together (elsewhere a tensor's ``x``
+    may be computed in another loop with its check than alone, and XLA:CPU's
     contraction of a momentum's multiply-add into an FMA differs between
-    loops), and its kernels start after the previous bucket's check, in the
-    order of ``groups``, the buckets' (:func:`jaxcomp.core.after`: otherwise
-    every bucket's residual add and check ran before the first collective;
-    ResNet-110's two-phase QSGD step at 4 processes over 100 Mbit/s waited
-    27 ms for its first collective, 16 ms chained: ``benchmarks.timeline``). With one worker per device an all-gathered bucket is joined
-    once, in its encoder's layout, for the check and the encoder (``layouts``
-    carry the join, one per bucket of ``together``). With vmap-simulated
-    workers the join is every simulated worker's, and its copy with the
-    set-aside tensors zeroed cost more than a second join
-    (``benchmarks.step_time``). Decided here, where the axes are bound: a
-    device axis is one of the mesh that ``shard_map`` traces under.
+    loops), and its kernels start after the previous bucket's check
+    (:func:`jaxcomp.core.after`: otherwise every bucket's residual add and
+    check ran before the first collective; ResNet-110's two-phase QSGD step at
+    4 processes over 100 Mbit/s waited 27 ms for its first collective, 16 ms
+    chained: ``benchmarks.timeline``). With one worker per device an
+    all-gathered bucket is joined once, in its encoder's layout, for the check
+    and the encoder (``layouts`` carry the join, one per all-gathered bucket,
+    in order). With vmap-simulated workers the join is every simulated
+    worker's, and its copy with the set-aside tensors zeroed cost more than a
+    second join (``benchmarks.step_time``). Decided here, where the axes are
+    bound: a device axis is one of the mesh that ``shard_map`` traces under.
     """
     one_join = bool(self.worker_axes) and all(map(parallel.is_device_axis, self.worker_axes))
-    gathered = {id(ids): k for k, ids in enumerate(together)}
-    covered = {i for ids in together + split for i in ids}
-    xs, bad, layouts = {}, {}, [None] * len(together)
-    exchanged = {i: k for k, group in enumerate(groups) for i in group}
-    in_order = sorted(together + split, key=lambda ids: exchanged[ids[0]])  # as exchanged (stable)
-    for k, ids in enumerate(in_order + [[i] for i in compressed if i not in covered]):
+    covered = {i for ids in buckets for i in ids}
+    xs, bad, layouts = {}, {}, []
+    for k, ids in enumerate(buckets + [[i] for i in compressed if i not in covered]):
       x_ids = [add_residual(p.leaves[i], residuals[i], self.use_ef) for i in ids]
-      if 0 < k < len(in_order):  # a bucket's kernels start after the previous bucket's check
-        x_ids = core.after(x_ids, bad[in_order[k - 1][-1]])
+      if 0 < k < len(buckets):  # a bucket's kernels start after the previous bucket's check
+        x_ids = core.after(x_ids, bad[buckets[k - 1][-1]])
       bucket_layout = None
-      if id(ids) in gathered:
+      if k < len(buckets) and ids[0] not in p.two_phase:  # an all-gathered bucket
         bucket_layout = layout_lib.Layout([core.size_of(jnp.shape(p.leaves[i])) for i in ids], self.compressor.planes)
       xs_ids, bad_ids, joined_layout = set_aside_nonfinite(x_ids, bucket_layout if one_join else None)
       if bucket_layout is not None:
-        layouts[gathered[id(ids)]] = bucket_layout if joined_layout is None else joined_layout
+        layouts.append(bucket_layout if joined_layout is None else joined_layout)
       xs.update(zip(ids, xs_ids))
       bad.update(zip(ids, bad_ids))
     return xs, bad, layouts
