@@ -56,6 +56,7 @@ from jaxcomp.metrics import metrics
 from jaxcomp.sharded import PerShardState, per_shard
 from jaxcomp.transforms import CompressState, compress, path_str, skip_by_path
 from jaxcomp.wrappers import ApplyIfFiniteState, apply_if_finite, multi_steps
+from jaxcomp.zero import ShardedOptimizerState, shard_optimizer
 
 __version__ = "0.1.0"
 
@@ -77,6 +78,9 @@ __all__ = [
     # model-sharded parameters: compress each device's shard
     "per_shard",
     "PerShardState",
+    # optimizer states sharded over the workers (ZeRO-1/2): each updates its shard
+    "shard_optimizer",
+    "ShardedOptimizerState",
     # the compressors: optax transform factories ...
     "terngrad",
     "qsgd",

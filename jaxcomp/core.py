@@ -415,6 +415,18 @@ class WorkerLocal(NamedTuple):
   metrics: dict[str, Count]  # this worker's counters of the last update (see jaxcomp.metrics)
 
 
+class ShardLocal(WorkerLocal):
+  """A :class:`WorkerLocal` whose rows are laid out already: each worker's shard of a state.
+
+  The inner optimizer's state under :func:`jaxcomp.shard_optimizer` is each
+  worker's own shard (its moments for its chunk of every parameter), made
+  per worker at ``init``. It is laid over workers as any worker-local part
+  (:func:`jaxcomp.parallel.worker_axes`, ``worker_specs``, ``worker_slice``),
+  but :func:`jaxcomp.parallel.replicate_workers` leaves it as it is: its
+  leading axis is the workers already, each row different.
+  """
+
+
 def worker_locals(tree: Any) -> list[WorkerLocal]:
   """Every :class:`WorkerLocal` in an optimizer state (a chain, ``masked`` or nested states)."""
   return [x for x in jax.tree.leaves(tree, is_leaf=lambda x: isinstance(x, WorkerLocal))

@@ -437,9 +437,16 @@ def worker_shardings(state: Any, mesh: Any, axis: Union[str, tuple[str, ...]]) -
 
 
 def replicate_workers(state: Any, num_workers: int) -> Any:
-  """Gives every worker-local leaf a leading axis of ``num_workers`` (checked as :func:`worker_axes`)."""
+  """Gives every worker-local leaf a leading axis of ``num_workers`` (checked as :func:`worker_axes`).
+
+  A :class:`~jaxcomp.core.ShardLocal` (a sharded optimizer state) has its
+  rows already: it is checked (:func:`check_state`), not broadcast.
+  """
   _check_wrappers(state)
-  return _map_local(lambda a: jnp.broadcast_to(a, (num_workers,) + jnp.shape(a)), state)
+  shards = lambda x: isinstance(x, core.ShardLocal)
+  check_state([x for x in jax.tree.leaves(state, is_leaf=shards) if shards(x)], num_workers)
+  broadcast = lambda x: x if shards(x) else jax.tree.map(lambda a: jnp.broadcast_to(a, (num_workers,) + jnp.shape(a)), x)
+  return jax.tree.map(lambda x: broadcast(x) if _is_local(x) else x, state, is_leaf=_is_local)
 
 
 def _map_local(fn, state: Any) -> Any:

@@ -57,6 +57,7 @@ from jaxcomp.exchange import buckets
 from jaxcomp.exchange import hierarchy
 from jaxcomp.exchange import layout as layout_lib
 from jaxcomp.exchange import plan as plan_lib
+from jaxcomp.exchange import scatter
 from jaxcomp.exchange import transport
 from jaxcomp.exchange import two_phase
 
@@ -95,6 +96,7 @@ class _Plan(NamedTuple):
   skipped: list[bool]  # True: the tensor stays in float
   tracked: dict[int, str]  # leaf index -> path, for tensor_metrics
   two_phase: frozenset = frozenset()  # the tensors that take the two-phase exchange (chosen per bucket)
+  scattered: Any = None  # leaf index -> two_phase.Split: the tensors reduce-scattered (jaxcomp.exchange.scatter)
 
 
 class _TensorResult(NamedTuple):
@@ -582,7 +584,7 @@ class _Compress:
 
   @property
   def keys(self) -> tuple[str, ...]:
-    return _metric_keys(self.compressor, self.exchange)
+    return _metric_keys(self.compressor, "two_phase" if scatter.active() is not None else self.exchange)
 
   # -- what happens to each tensor ---------------------------------------------------------------
 
@@ -596,13 +598,30 @@ class _Compress:
     return _Plan(leaves, treedef, skipped, tracked)
 
   def routes(self, p: _Plan, topology) -> _Plan:
-    """``p`` with the tensors that take the two-phase exchange, chosen per bucket (:func:`~jaxcomp.exchange.plan.choose_buckets`)."""
+    """``p`` with the tensors that take the two-phase exchange, chosen per bucket (:func:`~jaxcomp.exchange.plan.choose_buckets`),
+    or inside :func:`jaxcomp.exchange.scatter.scattering` those reduce-scattered."""
+    align = scatter.active()
+    if align is not None:
+      return self.scattered(p, align)
     if not self.routed:
       return p
     groups = [[i for i in ids if not p.skipped[i]] for ids in self.groups(p, topology)]
     routes = plan_lib.choose_buckets(self.compressor, [core.size_of(jnp.shape(g)) for g in p.leaves], groups,
                                      parallel.axis_size(self.axis_name), self.exchange)
     return p._replace(two_phase=frozenset(i for i, r in enumerate(routes) if r == "two_phase"))
+
+  def scattered(self, p: _Plan, align: int) -> _Plan:
+    """``p`` with the tensors that :func:`jaxcomp.exchange.scatter.split` cuts over the workers."""
+    if self.within is not None:
+      raise ValueError("jaxcomp.shard_optimizer does not take a compressor with within= (a host's float mean "
+                       "before the compressed exchange); build the compressor without it.")
+    workers = parallel.axis_size(self.axis_name)
+    lays = {i: scatter.split(core.size_of(jnp.shape(g)), workers, align) for i, g in enumerate(p.leaves)}
+    lays = {i: lay for i, lay in lays.items() if lay is not None}
+    for i, lay in lays.items():
+      if not p.skipped[i]:
+        scatter.check_compressor(self.compressor, lay, align)
+    return p._replace(scattered=lays)
 
   def groups(self, p: _Plan, topology) -> list[list[int]]:
     """The buckets (leaf ids, :func:`jaxcomp.exchange.buckets.assign`), a host's split and whole leaves apart."""
@@ -684,10 +703,20 @@ class _Compress:
                                   optax.MaskedNode())  # a bucket compressor keeps no state of its own
             for i, a, tp in zip(ids, anywhere, tps)]
 
-  def float_tensor(self, g, residual, inner, shard):
-    """One tensor kept in float."""
-    mean = yield from send_float(g)
+  def float_tensor(self, g, residual, inner, shard, lay=None):
+    """One tensor kept in float (``lay``: reduce-scattered, its mean's shard)."""
+    mean = yield from (send_float(g) if lay is None else scatter.float_steps(g, lay, self.axis_name))
     return _TensorResult(mean, residual, inner, shard, {})
+
+  def scatter_tensor(self, g, x, bad, residual, inner, shard, key, tracked_path, lay):
+    """One compressed tensor reduce-scattered (:func:`jaxcomp.exchange.scatter.compressed_steps`): its mean's shard."""
+    steps = scatter.compressed_steps(self.compressor, x, key, self.axis_name, lay,
+                                     need_own=self.use_ef or tracked_path is not None)
+    anywhere, tp = yield from agree_on_nonfinite(bad[None], steps, self.agree)
+    residual = carry_residual(x, tp.own, residual, bad) if self.use_ef else residual
+    counts = count_two_phase_tensor(tp, g, bad, tracked_path)
+    counts["two_phase_tensors"] = 0
+    return _TensorResult(self.policy_mean(tp.mean, anywhere[0]).astype(g.dtype), residual, inner, shard, counts)
 
   # -- an update, step by step ---------------------------------------------------------------------
 
@@ -741,7 +770,8 @@ class _Compress:
     (:func:`~jaxcomp.exchange.two_phase.bucket_steps`, where it applies), and
     both kinds in the order they are exchanged (the same lists).
     """
-    if self.compressor is None or not self.compressor.bucket_encode or self.compressor.custom_exchange:
+    if (self.compressor is None or not self.compressor.bucket_encode or self.compressor.custom_exchange
+        or p.scattered is not None):
       return [], [], []
     applies = two_phase.bucket_applies(self.compressor)
     together, split, in_order = [], [], []
@@ -805,9 +835,12 @@ class _Compress:
                                            bucket_layout)
     for ids in split:
       steps[ids[0]] = self.two_phase_bucket(ids, p.leaves, xs, bad, residuals, shards, bucket_keys(ids), p.tracked)
+    lays = p.scattered or {}
     for i, (g, r, inner, shard) in enumerate(zip(p.leaves, residuals, inners, shards)):
       if p.skipped[i]:
-        steps[i] = self.float_tensor(g, r, inner, shard)
+        steps[i] = self.float_tensor(g, r, inner, shard, lays.get(i))
+      elif i in lays:
+        steps[i] = self.scatter_tensor(g, xs[i], bad[i], r, inner, shard, rows[i][row[i]], p.tracked.get(i), lays[i])
       elif i not in covered:
         steps[i] = self.compress_tensor(g, xs[i], bad[i], r, inner, shard, rows[i][row[i]], p.tracked.get(i),
                                         i in p.two_phase)
@@ -840,8 +873,10 @@ class _Compress:
       # has one worker, and the state must keep one structure whatever the axis size.
       n_dependent = ["received_bytes", "bytes_on_wire", "compressed_bytes_on_wire", "encoded_bytes",
                      "two_phase_tensors"] + [f"two_phase:{path}" for path in p.tracked.values()]
+      n_dependent += ["float_bytes"] if p.scattered is not None else []  # the float chunks' padding
       for name in n_dependent:
-        metrics[name] = metrics[name].traced()
+        if name in metrics:  # reduce-scattered (jaxcomp.exchange.scatter), no two_phase:<path> is counted
+          metrics[name] = metrics[name].traced()
     return metrics
 
   def new_state(self, p: _Plan, state: CompressState, next_key, whole, metrics):

@@ -171,8 +171,18 @@ def test_language_models_and_schedules_blocks_run(tmp_path):
   assert [int(v) for v in m[2].split(",")] == [8 * 128] * 4, out
 
 
+def test_zero_page_blocks_run(tmp_path):
+  out = _run_page("zero.md", tmp_path)
+  # Sharded AdamW learns the toy task (chance is log 10); w's moment is a row of 640 / 8 values a
+  # worker; each worker sends its 80 float32 values of w's update to the all-gather (b, 10 values, whole).
+  m = re.search(r"sharded AdamW: loss ([\d.]+), mu of w \((\d+), (\d+)\), (\d+) bytes gathered", out)
+  assert m and float(m[1]) < 0.5 * np.log(10), out
+  assert (int(m[2]), int(m[3]), int(m[4])) == (8, 80, 4 * 80), out
+
+
 # Every page whose Python blocks a test runs: these tests, and compressors.md's (test_custom_compressor).
-RUN_PAGES = {"meshes.md", "nnx.md", "wrappers.md", "language_models.md", "schedules.md", "compressors.md"}
+RUN_PAGES = {"meshes.md", "nnx.md", "wrappers.md", "language_models.md", "schedules.md", "compressors.md",
+             "zero.md"}
 
 
 def test_every_docs_page_with_code_is_run():

@@ -333,6 +333,24 @@ def _stacked(payload: core.Payload) -> core.Payload:
   return jax.tree.map(lambda a: a[None], payload)
 
 
+def reduce_scatter_steps(compressor: core.Compressor, x: jax.Array, key: jax.Array, axis_name: parallel.AxisName,
+                         lay: Split, *, need_own: bool = False):
+  """Phase 1 alone, a compressed reduce-scatter (messages): ``(shard, sent)``.
+
+  ``x`` is cut into ``lay.workers`` chunks of ``lay.chunk`` (zero padded),
+  each encoded with ``key`` folded with its index, chunk ``j`` sent to
+  worker ``j``, and what arrives reduced (:func:`reduce_chunks`): ``shard``,
+  float32 ``(lay.chunk,)``, is this worker's chunk of the mean (signSGD's:
+  its vote counts). ``sent`` holds this worker's payload, its counters and,
+  with ``need_own``, what its chunks decode to (flat, padded).
+  """
+  workers = lay.workers
+  chunks = jnp.pad(x.reshape(-1).astype(jnp.float32), (0, lay.padded - lay.n)).reshape(workers, lay.chunk)
+  sent, keys_agreed = yield from _phase1_encode(compressor, chunks, key, axis_name, need_own)
+  shard, sent = yield from _phase1_reduce(compressor, sent, chunks, keys_agreed, axis_name)
+  return shard.astype(jnp.float32), sent
+
+
 def two_phase_exchange(compressor: core.Compressor, x: jax.Array, key: jax.Array, axis_name: parallel.AxisName,
                        shard_residual: Optional[jax.Array] = None, *, need_own: bool = False) -> TwoPhaseResult:
   """The two-phase exchange of one tensor, run on its own (see :func:`two_phase_steps`)."""
@@ -393,10 +411,8 @@ def two_phase_steps(
     raise ValueError(f"a tensor of {n} values is too small to split over {workers} workers "
                      f"(needs >= {workers * alignment(compressor)}); use the all-gather.")
   key1, key2 = jax.random.split(key)
-  chunks = jnp.pad(x.reshape(-1).astype(jnp.float32), (0, lay.padded - n)).reshape(workers, lay.chunk)
-  first, keys_agreed = yield from _phase1_encode(compressor, chunks, key1, axis_name, need_own)
-  shard, first = yield from _phase1_reduce(compressor, first, chunks, keys_agreed, axis_name)
-  mean, new_residual, second = yield from _phase2(shard_compressor(compressor), shard.astype(jnp.float32),
+  shard, first = yield from reduce_scatter_steps(compressor, x, key1, axis_name, lay, need_own=need_own)
+  mean, new_residual, second = yield from _phase2(shard_compressor(compressor), shard,
                                                   shard_residual, lay, key2, axis_name)
   own = None if first.decoded_here is None else first.decoded_here[:n].reshape(shape)
   return TwoPhaseResult(

@@ -1,0 +1,124 @@
+"""The reduce-scatter route: each worker keeps its shard of the averaged gradient (ZeRO's layout).
+
+Sharded optimizer states (:func:`jaxcomp.shard_optimizer`; ZeRO stages 1 and
+2, Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion
+Parameter Models", SC 2020, §5.1) need the averaged gradient only where a
+worker updates the parameters: its shard. Here a tensor of ``n`` values is
+cut as the two-phase exchange cuts it (:class:`~jaxcomp.exchange.two_phase.Split`:
+``N`` chunks of ``c`` values, ``c = ceil(n / N)`` rounded up to ``align``,
+the tail zero padded) and worker ``j`` receives chunk ``j`` of the mean:
+
+* a compressed tensor takes the two-phase exchange's first phase
+  (:func:`jaxcomp.exchange.two_phase.reduce_scatter_steps`: the chunks
+  encoded, one ``"all_to_all"``, the payloads that arrive decoded and
+  averaged), with the same keys, so its shard equals that phase's bit for
+  bit. A compressor whose phase 1 reduces to something other than the mean
+  (signSGD's vote counts) has its shard codec applied here, as phase 2
+  would before its all-gather (signSGD: the majority vote's sign);
+* a tensor sent in float (skipped, or the ``none`` baseline) crosses as an
+  ``"all_to_all"`` of its float chunks, summed as :func:`jaxcomp.parallel.pmean`
+  sums simulated workers and divided by ``N`` (the bytes of a
+  reduce-scatter: ``(N − 1)/N`` of the tensor arrive);
+* a tensor smaller than ``N·align`` values is not cut (:func:`split` is
+  ``None``): it is averaged whole as without sharding, and its optimizer
+  state stays whole on every worker.
+
+The route is taken while :func:`scattering` is active: the wrapper that owns
+the sharded layout sets it around its chain's update, and the compression
+transform at the chain's head reads it (:func:`active`), so the user's chain
+stays as written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from typing import Iterator, Optional
+
+import jax
+import jax.numpy as jnp
+
+from jaxcomp import core
+from jaxcomp import parallel
+from jaxcomp.exchange import two_phase
+
+# Chunks of 2,560 values: a multiple of two_phase.ALIGN (whole bytes for 2-bit, base-3^5 and
+# 1-bit codes) and of QSGD's default 512-value buckets, so that one cut serves every compressor.
+DEFAULT_ALIGN = 2560
+
+_ACTIVE: contextvars.ContextVar[Optional[int]] = contextvars.ContextVar("jaxcomp_scatter_align", default=None)
+
+
+@contextlib.contextmanager
+def scattering(align: int) -> Iterator[None]:
+  """While active, a compression transform reduce-scatters the tensors :func:`split` cuts (trace time)."""
+  token = _ACTIVE.set(align)
+  try:
+    yield
+  finally:
+    _ACTIVE.reset(token)
+
+
+def active() -> Optional[int]:
+  """The ``align`` of the enclosing :func:`scattering`, or ``None`` outside one."""
+  return _ACTIVE.get()
+
+
+def split(n: int, workers: int, align: int = DEFAULT_ALIGN) -> Optional[two_phase.Split]:
+  """How a tensor of ``n`` values is sharded over ``workers``, or ``None`` to keep it whole (``n < workers·align``)."""
+  if align < 1:
+    raise ValueError(f"align must be a positive number of values; got {align}.")
+  if n < workers * align:
+    return None
+  chunk = -(-n // workers)
+  return two_phase.Split(n=n, workers=workers, chunk=-(-chunk // align) * align)
+
+
+def shard_of(x: jax.Array, lay: two_phase.Split, index: jax.Array) -> jax.Array:
+  """Worker ``index``'s chunk of ``x`` (flat, zero padded): ``(lay.chunk,)``."""
+  flat = jnp.pad(x.reshape(-1), (0, lay.padded - lay.n))
+  return jax.lax.dynamic_slice(flat, (index * lay.chunk,), (lay.chunk,))
+
+
+def rows_of(x: jax.Array, lay: two_phase.Split) -> jax.Array:
+  """Every worker's chunk of ``x``: ``(workers, chunk)`` (as :func:`shard_of` for each index)."""
+  return jnp.pad(x.reshape(-1), (0, lay.padded - lay.n)).reshape(lay.workers, lay.chunk)
+
+
+def whole(rows: jax.Array, lay: two_phase.Split, shape: tuple[int, ...]) -> jax.Array:
+  """The tensor of ``shape`` from its ``(workers, chunk)`` rows (the padding dropped)."""
+  return rows.reshape(-1)[:lay.n].reshape(shape)
+
+
+def check_compressor(compressor: core.Compressor, lay: two_phase.Split, align: int) -> None:
+  """Refuses a compressor with no two-phase form, or whose chunks ``align`` does not keep whole."""
+  reason = two_phase.unsupported(compressor)
+  if reason:
+    raise ValueError(f"jaxcomp.shard_optimizer: {reason}")
+  need = two_phase.alignment(compressor)
+  if lay.chunk % need:
+    raise ValueError(
+        f"jaxcomp.shard_optimizer(align={align}): {type(compressor).__name__}'s chunks must hold a "
+        f"multiple of {need} values (whole bytes, whole buckets); pass align= a multiple of {need}.")
+
+
+def float_steps(g: jax.Array, lay: two_phase.Split, axis_name: parallel.AxisName):
+  """A float tensor's reduce-scatter (messages): this worker's chunk of the mean, in ``g``'s dtype."""
+  received = yield core.Message("all_to_all", rows_of(g, lay))
+  return core.sum_leading(received).astype(g.dtype) / lay.workers  # as jaxcomp.parallel.pmean over vmap
+
+
+def compressed_steps(compressor: core.Compressor, x: jax.Array, key: jax.Array, axis_name: parallel.AxisName,
+                     lay: two_phase.Split, *, need_own: bool):
+  """A compressed tensor's reduce-scatter (messages): a :class:`~jaxcomp.exchange.two_phase.TwoPhaseResult`
+  whose ``mean`` is this worker's shard ``(lay.chunk,)``, and ``own`` what its chunks decode to."""
+  key1, key2 = jax.random.split(key)  # as the two-phase exchange: phase 1 takes the first half
+  shard, sent = yield from two_phase.reduce_scatter_steps(compressor, x, key1, axis_name, lay, need_own=need_own)
+  metrics = sent.metrics
+  if compressor.shard_compressor is not None:  # phase 1 reduced to something else than the mean (votes)
+    codec = compressor.shard_compressor
+    payload, more = codec.encode_with_metrics(shard, key2, codec.agree(shard))
+    shard = codec.decode(payload, (lay.chunk,))
+    metrics = two_phase._add(metrics, more)  # pylint: disable=protected-access
+  own = None if sent.decoded_here is None else sent.decoded_here[:lay.n].reshape(x.shape)
+  return two_phase.TwoPhaseResult(mean=shard, own=own, payload=sent.payload, shard_residual=None, metrics=metrics)

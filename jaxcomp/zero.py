@@ -1,0 +1,242 @@
+"""Sharded optimizer states: each worker keeps and updates 1/N of them (ZeRO stages 1 and 2).
+
+A replicated optimizer keeps every parameter's state whole on every worker:
+with AdamW and float32 that is 8 bytes a parameter beside the parameters'
+own 4. :func:`shard_optimizer` wraps the user's chain, as written::
+
+  tx = jaxcomp.shard_optimizer(
+      optax.chain(jaxcomp.terngrad(axis_name="workers"), optax.adamw(1e-3)),
+      axis_name="workers", num_workers=8)
+
+and an update then runs, on each worker ``j`` of ``N``:
+
+1. the compression transform at the chain's head **reduce-scatters** the
+   gradients (:mod:`jaxcomp.exchange.scatter`): worker ``j`` gets chunk ``j``
+   of each averaged tensor (compressed: the two-phase exchange's first phase,
+   error feedback per chunk as there; float: a float reduce-scatter);
+2. the rest of the chain updates **only that chunk**, with the chunk of the
+   parameters (AdamW's weight decay) and its own state for it: its moments
+   are ``(c,)`` per tensor, ``c ≈ n / N``;
+3. the updates' chunks come back to every worker by a **float all-gather**
+   (``jaxcomp.metrics``' ``gather_bytes``), so every replica adds the same
+   update to the same parameters and stays bit-identical.
+
+What is per shard (:class:`~jaxcomp.core.ShardLocal`, laid over workers
+as a worker-local part: ``jaxcomp.data_parallel`` and the layout helpers of
+:mod:`jaxcomp.parallel` handle it) is the whole state of every transform of
+the chain but the compression transform, whose residuals are each worker's
+own anyway (whole tensors: each worker encodes its whole gradient) and
+whose keys and counters stay as they are. A tensor of fewer than
+``num_workers · align`` values is not cut: it is averaged whole and its state
+stays whole on every worker (biases, norms: a small part of a model).
+
+The chain must start with the compression transform
+(``jaxcomp.terngrad(...)``, ..., or ``jaxcomp.get_transform("none", ...)``
+for float) and must not look across a tensor's chunks or across tensors:
+transforms that act element by element (SGD with momentum, Adam(W), Lion,
+weight decay, learning-rate schedules) give the replicated numbers; a global
+norm, a trust ratio or factored moments would be computed over the chunk, so
+they are not to be used here yet.
+
+References:
+  Rajbhandari, Rasley, Ruwase, He. *ZeRO: Memory Optimizations Toward
+  Training Trillion Parameter Models*. SC 2020, §5.1 (P_os, P_os+g).
+  Wang et al. *ZeRO++: Extremely Efficient Collective Communication for
+  Giant Model Training*. arXiv:2306.10209, §3 (qgZ: the gradient
+  reduce-scatter compressed, as step 1 does with any jaxcomp compressor).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from jaxcomp import core
+from jaxcomp import parallel
+from jaxcomp.count import Count
+from jaxcomp.exchange import buckets
+from jaxcomp.exchange import scatter
+from jaxcomp.exchange import transport
+from jaxcomp.exchange import two_phase
+from jaxcomp.transforms import CompressState
+
+GATHER_METRICS = ("gather_bytes", "bytes_on_wire", "received_bytes")
+
+
+class ShardedOptimizerState(NamedTuple):
+  """State of :func:`shard_optimizer`.
+
+  ``replicated``: the chain's state with only its compression transform's
+  (the rest masked); ``local.residual``: the chain's state with every other
+  transform's, each worker's shard (the compression transform's masked);
+  ``local.metrics``: the bytes of the updates' all-gather.
+  """
+
+  replicated: Any
+  local: core.ShardLocal
+
+
+def shard_optimizer(tx: optax.GradientTransformation, *, axis_name: parallel.AxisName, num_workers: int,
+                    align: int = scatter.DEFAULT_ALIGN,
+                    bucket_bytes: int = buckets.DEFAULT_BUCKET_BYTES) -> optax.GradientTransformationExtraArgs:
+  """``tx`` with its state sharded over the workers (see the module docstring).
+
+  Args:
+    tx: the chain, starting with a compression transform over ``axis_name``.
+    axis_name: the worker axis (as the compressor's).
+    num_workers: the workers the state is cut for (the axis' size).
+    align: chunks hold a multiple of this many values (a compressor's whole
+      bytes and buckets: :data:`jaxcomp.exchange.scatter.DEFAULT_ALIGN` serves
+      every registered one); tensors under ``num_workers · align`` stay whole.
+    bucket_bytes: the updates' all-gather is fused in buckets of about this
+      many bytes (:mod:`jaxcomp.exchange.buckets`).
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs`` whose updates are whole
+    (the same on every worker) and whose state is a
+    :class:`ShardedOptimizerState`.
+  """
+  if not isinstance(num_workers, int) or num_workers < 1:
+    raise ValueError(f"num_workers must be a positive int; got {num_workers!r}.")
+  scatter.split(0, 1, align)  # validates align
+  buckets.check_bucket_bytes(bucket_bytes)
+  sharding = _Sharding(tx, axis_name, num_workers, align, bucket_bytes)
+  return optax.GradientTransformationExtraArgs(sharding.init, sharding.update)
+
+
+class _Sharding(NamedTuple):
+  tx: optax.GradientTransformation
+  axis_name: parallel.AxisName
+  num_workers: int
+  align: int
+  bucket_bytes: int
+
+  def lays(self, tree: Any, workers: int) -> list[Optional[two_phase.Split]]:
+    """Each leaf's cut over ``workers`` (float leaves only: others pass the compressor untouched)."""
+    return [scatter.split(core.size_of(jnp.shape(a)), workers, self.align)
+            if jnp.issubdtype(jnp.result_type(a), jnp.floating) else None for a in jax.tree.leaves(tree)]
+
+  # -- init ----------------------------------------------------------------------------------------
+
+  def init(self, params: Any) -> ShardedOptimizerState:
+    with scatter.scattering(self.align):
+      compression = jax.jit(lambda p: _only_compression(self.tx.init(p)))(params)
+      rows = jax.jit(jax.vmap(lambda p: _without_compression(self.tx.init(p))))(self.rows(params))
+      cut = self.cut(params)
+    replicated = _merged(compression, jax.tree.map(lambda a, c: optax.MaskedNode() if c else a[0], rows, cut))
+    local = jax.tree.map(lambda a, c: a if c else optax.MaskedNode(), rows, cut)
+    _check_chain(compression, local)
+    zero = Count.of(jnp.zeros((self.num_workers,), jnp.uint32))
+    return ShardedOptimizerState(replicated, core.ShardLocal(local, {k: zero for k in GATHER_METRICS}))
+
+  def cut(self, params: Any) -> Any:
+    """Which leaves of the chain's state (not its compression transform's) follow the parameters' chunks.
+
+    Read off two abstract inits (nothing is allocated): one with every cut
+    parameter's chunk, one with each a value longer. A leaf whose shape
+    moves is per shard; one that does not (a step count, the state of a
+    tensor kept whole) is the same on every worker and stays replicated.
+    """
+    leaves, treedef = jax.tree.flatten(params)
+    lays = self.lays(params, self.num_workers)
+    abstract = lambda extra: treedef.unflatten([
+        jax.ShapeDtypeStruct(jnp.shape(a) if lay is None else (lay.chunk + extra,), jnp.result_type(a))
+        for a, lay in zip(leaves, lays)])
+    init = lambda p: _without_compression(self.tx.init(p))
+    chunked, longer = jax.eval_shape(init, abstract(0)), jax.eval_shape(init, abstract(1))
+    return jax.tree.map(lambda a, b: a.shape != b.shape, chunked, longer)
+
+  def rows(self, params: Any) -> Any:
+    """Every worker's shard of ``params``, stacked: ``(num_workers, chunk)`` a cut leaf, a copy each of a whole one."""
+    leaves, treedef = jax.tree.flatten(params)
+    return treedef.unflatten([
+        scatter.rows_of(a, lay) if lay is not None else jnp.broadcast_to(a, (self.num_workers,) + jnp.shape(a))
+        for a, lay in zip(leaves, self.lays(params, self.num_workers))])
+
+  # -- update --------------------------------------------------------------------------------------
+
+  def update(self, updates: Any, state: ShardedOptimizerState, params: Any = None, **extra_args):
+    workers = parallel.axis_size(self.axis_name)
+    if workers != self.num_workers:
+      raise ValueError(f"jaxcomp.shard_optimizer(num_workers={self.num_workers}) runs over {workers} workers "
+                       f"of {self.axis_name!r}: its state is cut for {self.num_workers}.")
+    lays = self.lays(updates, workers)
+    index = parallel.axis_index(self.axis_name) if workers > 1 else 0
+    chain_state = _merged(state.replicated, state.local.residual)
+    with scatter.scattering(self.align):
+      shards, chain_state = self.tx.update(updates, chain_state, _shards(params, lays, index), **extra_args)
+    whole, traffic = self.gathered(shards, lays, updates)
+    metrics = {"gather_bytes": traffic.sent, "bytes_on_wire": traffic.sent, "received_bytes": traffic.received}
+    replicated = _like(state.replicated, chain_state, lambda r, x: r if isinstance(r, optax.MaskedNode) else x)
+    local = _like(state.replicated, chain_state, lambda r, x: x if isinstance(r, optax.MaskedNode) else optax.MaskedNode())
+    local = core.ShardLocal(local, {k: v.traced() for k, v in metrics.items()})
+    return whole, ShardedOptimizerState(replicated, local)
+
+  def gathered(self, shards: Any, lays: list, like: Any) -> tuple[Any, transport.Traffic]:
+    """Every worker's update chunks, gathered in float and laid back whole (messages through the transport)."""
+    leaves, treedef = jax.tree.flatten(shards)
+    shapes = [jnp.shape(a) for a in jax.tree.leaves(like)]
+    steps = [_gather_steps(u, lay, shape) if lay is not None else u for u, lay, shape in zip(leaves, lays, shapes)]
+    results, traffic = buckets.run(steps, [4 * core.size_of(s) for s in shapes], self.bucket_bytes, self.axis_name)
+    total = transport.Traffic()
+    for t in traffic:
+      total += t
+    return treedef.unflatten(results), total
+
+
+def _gather_steps(u: jax.Array, lay: two_phase.Split, shape: tuple[int, ...]):
+  rows = yield core.Message("gather", u)
+  return scatter.whole(rows, lay, shape)
+
+
+def _shards(params: Any, lays: list, index: Any) -> Any:
+  """This worker's chunk of every cut parameter (``None`` stays ``None``: a chain that takes no parameters)."""
+  if params is None:
+    return None
+  leaves, treedef = jax.tree.flatten(params)
+  return treedef.unflatten([a if lay is None else scatter.shard_of(a, lay, index) for a, lay in zip(leaves, lays)])
+
+
+# -- the chain's state, split in two ----------------------------------------------------------------
+
+def _is_compression(x: Any) -> bool:
+  return isinstance(x, CompressState)
+
+
+def _is_part(x: Any) -> bool:
+  return isinstance(x, (CompressState, optax.MaskedNode))
+
+
+def _only_compression(state: Any) -> Any:
+  """``state`` with every leaf outside a compression transform's state masked."""
+  return jax.tree.map(lambda x: x if _is_compression(x) else optax.MaskedNode(), state, is_leaf=_is_compression)
+
+
+def _without_compression(state: Any) -> Any:
+  """``state`` with the compression transform's state masked."""
+  return jax.tree.map(lambda x: optax.MaskedNode() if _is_compression(x) else x, state, is_leaf=_is_compression)
+
+
+def _merged(replicated: Any, local: Any) -> Any:
+  """The chain's whole state from its two parts: ``local``'s leaves where ``replicated`` has a mask."""
+  return _like(replicated, local, lambda r, l: l if isinstance(r, optax.MaskedNode) else r)
+
+
+def _like(replicated: Any, other: Any, pick) -> Any:
+  """``pick(r, x)`` at every leaf, mask and compression state ``r`` of ``replicated`` (``x``: ``other``'s there)."""
+  return jax.tree.map(pick, replicated, other, is_leaf=_is_part)
+
+
+def _check_chain(replicated: Any, local: Any) -> None:
+  if not any(map(_is_compression, jax.tree.leaves(replicated, is_leaf=_is_compression))):
+    raise ValueError("jaxcomp.shard_optimizer wraps a chain that starts with a compression transform over the "
+                     "workers (jaxcomp.terngrad(axis_name=...), ..., or jaxcomp.get_transform('none', "
+                     "axis_name=...) for float): it reduce-scatters the gradients. This chain has none.")
+  others = core.worker_locals(local)
+  if others:
+    raise ValueError("jaxcomp.shard_optimizer: the chain holds worker-local state outside its compression "
+                     f"transform ({len(others)} part(s), e.g. jaxcomp.multi_steps, diloco, onebit_adam), which "
+                     "cannot be sharded yet; use a chain of a compressor and an elementwise optimizer.")
