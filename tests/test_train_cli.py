@@ -44,6 +44,16 @@ def test_a_misspelt_field_is_one_line_with_the_closest_exit_code_2():
   assert "Traceback" not in out.stdout + out.stderr
 
 
+def test_a_misspelt_compressor_is_one_line_with_the_closest_exit_code_2():
+  out = _train("--config", "configs/terngrad_lenet.py:runlocal", "--workdir", "/nonexistent",
+               "--config.compressor=terngard")
+  assert out.returncode == 2
+  [line] = out.stderr.strip().splitlines()
+  assert line.startswith("error: --config.compressor=terngard: unknown compressor 'terngard'; "
+                         "the closest is 'terngrad'; known: adaptive, "), line
+  assert "Traceback" not in out.stdout + out.stderr
+
+
 TYPO = "terngrad_lent.py"  # a config file that does not exist
 
 
@@ -52,6 +62,12 @@ TYPO = "terngrad_lent.py"  # a config file that does not exist
     (["--config=configs/terngrad_lenet.py:runlocl"], "Unknown config argument(s) ['runlocl']"),
     (["--config", "configs/terngrad_lenet.py", "--config.compressor_kwargs.clip_sigmma=2"],
      "no field 'compressor_kwargs.clip_sigmma'; the closest is 'compressor_kwargs.clip_sigma'"),
+    (["--config", "configs/terngrad_lenet.py", "--config.compressor", "qsdg"],  # the value as the next argument
+     "--config.compressor=qsdg: unknown compressor 'qsdg'; the closest is 'qsgd'"),
+    (["--config", "configs/terngrad_lenet.py", "--config.dataset=fashion_mnist_debain"],
+     "unknown dataset 'fashion_mnist_debain'; the closest is 'fashion_mnist_debian'"),
+    (["--config", "configs/terngrad_lenet.py", "--config.model=lenett"], "unknown model 'lenett'; the closest is 'lenet'"),
+    (["--config", "configs/terngrad_lenet.py", "--config.optimizer=adamm"], "the closest is 'adam'"),
 ])
 def test_other_unknown_names_are_usage_errors(argv, message):
   with pytest.raises(cli.UsageError) as e:
@@ -61,5 +77,6 @@ def test_other_unknown_names_are_usage_errors(argv, message):
 
 def test_known_fields_pass():
   argv = ["train", "--config", "configs/terngrad_lenet.py:runlocal", "--workdir", "/tmp/w",
-          "--config.num_train_steps=3", "--config.compressor_kwargs.clip_sigma=2.0", "--config.model_kwargs={}"]
+          "--config.num_train_steps=3", "--config.compressor_kwargs.clip_sigma=2.0", "--config.model_kwargs={}",
+          "--config.compressor=qsgd", "--config.dataset", "digits"]
   assert cli.preflight(argv) is None
