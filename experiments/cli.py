@@ -21,6 +21,7 @@ escaped inside a repr, nor the run's traceback. The config is loaded the way
 from __future__ import annotations
 
 import ast
+import contextlib
 import difflib
 import importlib.util
 import pathlib
@@ -177,13 +178,39 @@ def preflight(argv: Sequence[str]) -> Optional[str]:
   return None
 
 
-def main_or_exit(argv: Sequence[str]) -> None:
-  """Prints and exits for ``--help``, ``list`` and usage errors; returns when training should run."""
+def missing_dataset(config: Any, error: Exception) -> str:
+  """A dataset that is not on this machine (``error``: its DatasetNotAvailableError), in one line:
+  where it was looked for, and the flags that fix it."""
+  from jaxcomp.data import registry  # pylint: disable=g-import-not-at-top
+
+  spec = registry.get_spec(config.dataset)
+  fixes = []
+  if getattr(error, "data_dir", None) is not None:  # a tfds dataset, not prepared there
+    why = f"tfds {spec.tfds_name!r} is not prepared in {error.data_dir}"
+    fixes.append(f"--config.data_dir=DIR of a copy prepared with `tfds build {spec.tfds_name} --data_dir DIR`")
+  else:
+    why = str(error)
+  here = [name for name in registry.offline_here(spec.modality) if name != config.dataset]
+  if here:
+    fixes.append(f"--config.dataset= one that is here: {', '.join(here)}")
+  return (f"--config.dataset={config.dataset} is not on this machine: {why}"
+          + (f"; pass {' or '.join(fixes)}" if fixes else ""))
+
+
+@contextlib.contextmanager
+def usage_errors():
+  """A :class:`UsageError` raised inside is printed as one line on stderr and exits with code 2."""
   try:
-    text = preflight(argv)
+    yield
   except UsageError as e:
     print(f"error: {e}", file=sys.stderr)
     raise SystemExit(USAGE_ERROR) from None
+
+
+def main_or_exit(argv: Sequence[str]) -> None:
+  """Prints and exits for ``--help``, ``list`` and usage errors; returns when training should run."""
+  with usage_errors():
+    text = preflight(argv)
   if text is not None:
     print(text)
     raise SystemExit(0)

@@ -4,9 +4,12 @@ import pathlib
 import subprocess
 import sys
 
+import ml_collections
 import pytest
 
 from experiments import cli
+from jaxcomp.data import registry
+from jaxcomp.data.offline import DatasetNotAvailableError
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -52,6 +55,27 @@ def test_a_misspelt_compressor_is_one_line_with_the_closest_exit_code_2():
   assert line.startswith("error: --config.compressor=terngard: unknown compressor 'terngard'; "
                          "the closest is 'terngrad'; known: adaptive, "), line
   assert "Traceback" not in out.stdout + out.stderr
+
+
+def test_a_dataset_not_here_is_one_line_with_the_flags_that_fix_it_and_leaves_no_run(tmp_path):
+  empty, workdir = tmp_path / "tfds", tmp_path / "run"
+  empty.mkdir()
+  out = _train("--config", "configs/terngrad_lenet.py:runlocal", "--workdir", str(workdir),
+               "--config.dataset=cifar10", f"--config.data_dir={empty}")
+  assert out.returncode == 2, out.stderr
+  assert [line for line in out.stderr.splitlines() if line.startswith("error:")] == [out.stderr.splitlines()[-1]] == [
+      f"error: --config.dataset=cifar10 is not on this machine: tfds 'cifar10' is not prepared in {empty}; "
+      "pass --config.data_dir=DIR of a copy prepared with `tfds build cifar10 --data_dir DIR` or "
+      f"--config.dataset= one that is here: {', '.join(registry.offline_here('image'))}"]
+  assert "Traceback" not in out.stdout + out.stderr
+  assert not workdir.exists()  # no config.json of a run that never started
+
+
+def test_an_offline_dataset_not_here_says_why_and_names_those_that_are():
+  config = ml_collections.ConfigDict({"dataset": "fashion_mnist_debian"})
+  line = cli.missing_dataset(config, DatasetNotAvailableError("Fashion-MNIST IDX files not found in /x."))
+  assert line == ("--config.dataset=fashion_mnist_debian is not on this machine: Fashion-MNIST IDX files not "
+                  "found in /x.; pass --config.dataset= one that is here: mnist5k, digits")
 
 
 TYPO = "terngrad_lent.py"  # a config file that does not exist
