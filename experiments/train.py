@@ -105,7 +105,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   config = ml_collections.ConfigDict(config)  # a private, unlocked copy
   distributed.initialize_distributed(config)
   validation.validate_config(config)
-  with preemption.Watcher() as watcher:
+  with preemption.Watcher() as watcher, writers.logs_above_the_bar():
     run = build.build(config, workdir)
     start = build.restore(run)
     end = loop.loop(run, start, stop_after_steps, watcher)
