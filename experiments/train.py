@@ -34,10 +34,10 @@ Outputs in ``workdir``:
   ``checkpoints.damaged/``: those that failed to read, moved aside;
   ``metrics_interval.npz``: a preempted run's open train interval.
 
-Exit codes: 0 done; 2 a usage error (a misspelt field or name, a dataset
-that is not on this machine: one line on stderr, nothing written); 75 (:data:`experiments.preemption.PREEMPTED_EXIT_CODE`)
-preempted by SIGTERM after saving a checkpoint: run the same command again to
-resume; 1 an error.
+Exit codes: 0 done; 2 a usage error (a misspelt field or name, a dataset that
+is not on this machine: one line on stderr, nothing written); 75
+(:data:`experiments.preemption.PREEMPTED_EXIT_CODE`) preempted by SIGTERM after
+saving a checkpoint: run the same command again to resume; 1 an error.
 """
 
 from __future__ import annotations
