@@ -99,13 +99,13 @@ def model_input(config: ml_collections.ConfigDict, spec) -> tuple[tuple[int, ...
 
 def build(config: ml_collections.ConfigDict, workdir: str) -> Run:
   """Sets the run up in named steps; nothing is trained yet."""
-  writers.write_config(config, workdir)
   mesh = state_lib.make_mesh(config.workers, config.max_devices, config.get("hosts", 0))
   spec = data_lib.get_spec(config.dataset)
   pipeline_kwargs = dict(seed=config.seed, augment=config.augment, data_dir=config.data_dir,
                          image_size=config.image_size, channels=config.channels,
                          process_index=jax.process_index(), process_count=jax.process_count())
-  # The eval pipeline first: absent data (ImageNet here) fails at once, before the model is built.
+  # The eval pipeline first: absent data (ImageNet here) fails at once, before the model is built
+  # and before the workdir is made (a run that never started leaves no config.json).
   image_shape, input_dtype = model_input(config, spec)
   if spec.modality == "text":
     eval_pipeline = lm.pipeline(config, "test", global_batch_size=validation.eval_batch_size(config))
@@ -113,6 +113,7 @@ def build(config: ml_collections.ConfigDict, workdir: str) -> Run:
     eval_pipeline = data_lib.make_pipeline(config.dataset, "test", train=False,
                                            global_batch_size=validation.eval_batch_size(config),
                                            **pipeline_kwargs)
+  writers.write_config(config, workdir)
   model = models_lib.get_model(config.model, spec.num_classes, **config.model_kwargs.to_dict())
   init_key, step_root = jax.random.split(jax.random.PRNGKey(config.seed))
   init_variables = functools.partial(model.init, {"params": init_key, "dropout": init_key},

@@ -8,16 +8,20 @@ What ``git``, ``pip`` and ``argparse`` users expect, before anything is built::
   python -m experiments.train --config configs/terngrad_lenet.py --config.num_trian_steps=20 ...
   # error: --config.num_trian_steps: configs/terngrad_lenet.py has no field 'num_trian_steps';
   #   the closest is 'num_train_steps' (python -m experiments.train list configs/terngrad_lenet.py)
+  python -m experiments.train --config configs/terngrad_lenet.py --config.compressor=terngard ...
+  # error: --config.compressor=terngard: unknown compressor 'terngard'; the closest is 'terngrad'; known: ...
 
-An override naming no field is one line on stderr and exit code 2 (a usage
-error, as argparse exits), not ml_collections' chained traceback whose hint
-sits escaped inside a repr. The config is loaded the way
+An override naming no field, or a value naming no compressor (dataset, model,
+optimizer, schedule), is one line on stderr and exit code 2 (a usage error,
+as argparse exits), not ml_collections' chained traceback whose hint sits
+escaped inside a repr, nor the run's traceback. The config is loaded the way
 ``ml_collections.config_flags`` loads it (``path[:arg]``, ``get_config(arg)``).
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import difflib
 import importlib.util
 import pathlib
@@ -54,14 +58,19 @@ def configs() -> dict[str, str]:
   return found
 
 
+def closest(name: str, known: Sequence[str]) -> str:
+  """``"; the closest is 'x'"`` for the known name nearest a misspelt ``name``, or ``""``."""
+  close = difflib.get_close_matches(str(name), list(known), n=1)
+  return f"; the closest is {close[0]!r}" if close else ""
+
+
 def load_config(spec: str) -> Any:
   """The ConfigDict of ``spec`` (``path`` or ``path:arg``), as ``config_flags.DEFINE_config_file`` loads it."""
   path, _, arg = spec.partition(":")
   file = pathlib.Path(path)
   if not file.is_file():
-    close = difflib.get_close_matches(path, list(configs()), n=1)
-    hint = f"; the closest is {close[0]!r}" if close else ""
-    raise UsageError(f"--config {spec}: no file {path!r}{hint} (python -m experiments.train list)")
+    raise UsageError(f"--config {spec}: no file {path!r}{closest(path, configs())} "
+                     "(python -m experiments.train list)")
   module_spec = importlib.util.spec_from_file_location(f"_config_{file.stem}", file)
   module = importlib.util.module_from_spec(module_spec)
   if str(ROOT) not in sys.path:
@@ -90,18 +99,38 @@ def comments() -> dict[str, str]:
   return dict(re.findall(r"^\s+c\.(\w+) = [^#\n]*#\s*(.+)$", text, flags=re.M))
 
 
+def overrides(argv: Sequence[str]) -> list[tuple[str, Optional[str]]]:
+  """Every ``--config.FIELD=VALUE`` (or ``--config.FIELD VALUE``) of ``argv``: (FIELD, VALUE)."""
+  out = []
+  for i, arg in enumerate(argv):
+    m = re.match(r"--config\.([\w.]+)(=(.*))?$", arg, flags=re.S)
+    if m:
+      value = m[3] if m[2] else (argv[i + 1] if i + 1 < len(argv) else None)
+      out.append((m[1], value))
+  return out
+
+
 def check_overrides(config: Any, spec: str, argv: Sequence[str]) -> None:
-  """Raises UsageError naming the first ``--config.FIELD=...`` whose FIELD ``config`` does not have."""
+  """Raises UsageError naming the first ``--config.FIELD=VALUE`` whose FIELD ``config`` does not have,
+  or whose VALUE names no entry of the field's registry (a compressor, a dataset, a model ...)."""
   known = fields(config)
   parents = {name.rsplit(".", 1)[0] for name in known if "." in name}
-  for arg in argv:
-    m = re.match(r"--config\.([\w.]+)", arg)
-    if not m or m[1] in known or m[1] in parents:
-      continue
-    close = difflib.get_close_matches(m[1], list(known), n=1)
-    hint = f"; the closest is {close[0]!r}" if close else ""
-    raise UsageError(f"--config.{m[1]}: {spec.partition(':')[0]} has no field {m[1]!r}{hint} "
-                     f"(python -m experiments.train list {spec})")
+  for field, value in overrides(argv):
+    if field not in known and field not in parents:
+      raise UsageError(f"--config.{field}: {spec.partition(':')[0]} has no field {field!r}"
+                       f"{closest(field, known)} (python -m experiments.train list {spec})")
+    problem = _unknown_name(field, value)
+    if problem:
+      raise UsageError(f"--config.{field}={value}: {problem}")
+
+
+def _unknown_name(field: str, value: Optional[str]) -> str:
+  """:func:`experiments.validation.unknown_name` for a field that names a registry entry, else ``""``."""
+  from experiments import validation  # pylint: disable=g-import-not-at-top  (JAX: only for a run)
+
+  if field not in validation.registries() or value is None:
+    return ""
+  return validation.unknown_name(field, value)
 
 
 def describe(spec: Optional[str]) -> str:
@@ -149,13 +178,39 @@ def preflight(argv: Sequence[str]) -> Optional[str]:
   return None
 
 
-def main_or_exit(argv: Sequence[str]) -> None:
-  """Prints and exits for ``--help``, ``list`` and usage errors; returns when training should run."""
+def missing_dataset(config: Any, error: Exception) -> str:
+  """A dataset that is not on this machine (``error``: its DatasetNotAvailableError), in one line:
+  where it was looked for, and the flags that fix it."""
+  from jaxcomp.data import registry  # pylint: disable=g-import-not-at-top
+
+  spec = registry.get_spec(config.dataset)
+  fixes = []
+  if getattr(error, "data_dir", None) is not None:  # a tfds dataset, not prepared there
+    why = f"tfds {spec.tfds_name!r} is not prepared in {error.data_dir}"
+    fixes.append(f"--config.data_dir=DIR of a copy prepared with `tfds build {spec.tfds_name} --data_dir DIR`")
+  else:
+    why = str(error)
+  here = [name for name in registry.offline_here(spec.modality) if name != config.dataset]
+  if here:
+    fixes.append(f"--config.dataset= one that is here: {', '.join(here)}")
+  return (f"--config.dataset={config.dataset} is not on this machine: {why}"
+          + (f"; pass {' or '.join(fixes)}" if fixes else ""))
+
+
+@contextlib.contextmanager
+def usage_errors():
+  """A :class:`UsageError` raised inside is printed as one line on stderr and exits with code 2."""
   try:
-    text = preflight(argv)
+    yield
   except UsageError as e:
     print(f"error: {e}", file=sys.stderr)
     raise SystemExit(USAGE_ERROR) from None
+
+
+def main_or_exit(argv: Sequence[str]) -> None:
+  """Prints and exits for ``--help``, ``list`` and usage errors; returns when training should run."""
+  with usage_errors():
+    text = preflight(argv)
   if text is not None:
     print(text)
     raise SystemExit(0)

@@ -34,9 +34,10 @@ Outputs in ``workdir``:
   ``checkpoints.damaged/``: those that failed to read, moved aside;
   ``metrics_interval.npz``: a preempted run's open train interval.
 
-Exit codes: 0 done; 75 (:data:`experiments.preemption.PREEMPTED_EXIT_CODE`)
-preempted by SIGTERM after saving a checkpoint: run the same command again to
-resume; 1 an error.
+Exit codes: 0 done; 2 a usage error (a misspelt field or name, a dataset that
+is not on this machine: one line on stderr, nothing written); 75
+(:data:`experiments.preemption.PREEMPTED_EXIT_CODE`) preempted by SIGTERM after
+saving a checkpoint: run the same command again to resume; 1 an error.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ from experiments import loop
 from experiments import preemption
 from experiments import validation
 from experiments import writers
+from jaxcomp import data as data_lib
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
@@ -103,7 +105,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   config = ml_collections.ConfigDict(config)  # a private, unlocked copy
   distributed.initialize_distributed(config)
   validation.validate_config(config)
-  with preemption.Watcher() as watcher:
+  with preemption.Watcher() as watcher, writers.logs_above_the_bar():
     run = build.build(config, workdir)
     start = build.restore(run)
     end = loop.loop(run, start, stop_after_steps, watcher)
@@ -125,7 +127,11 @@ def main(argv):
   """The command line: ``--config`` (with ``--config.KEY=VALUE`` overrides) and ``--workdir``."""
   if len(argv) > 1:
     raise app.UsageError("Too many command-line arguments.")
-  train_and_evaluate(FLAGS.config, FLAGS.workdir)
+  with cli.usage_errors():
+    try:
+      train_and_evaluate(FLAGS.config, FLAGS.workdir)
+    except data_lib.DatasetNotAvailableError as e:  # one line with the flags that fix it, exit code 2
+      raise cli.UsageError(cli.missing_dataset(FLAGS.config, e)) from None
 
 
 if __name__ == "__main__":

@@ -3,14 +3,31 @@
 from __future__ import annotations
 
 import re
+from typing import Sequence
 
 import jax
 import ml_collections
 
 import jaxcomp
+from experiments import cli
 from experiments import optimizers
 from jaxcomp import data as data_lib
 from jaxcomp import models as models_lib
+
+
+def registries() -> dict[str, Sequence[str]]:
+  """The config fields whose value names a registry entry, with the names each accepts."""
+  return {"dataset": sorted(data_lib.DATASETS), "model": list(models_lib.MODELS),
+          "compressor": jaxcomp.names(), "optimizer": list(optimizers.OPTIMIZERS),
+          "lr_schedule": list(optimizers.SCHEDULES)}
+
+
+def unknown_name(field: str, value: str) -> str:
+  """What is wrong with ``value`` for a field of :func:`registries`, or ``""`` if it is known."""
+  known = registries()[field]
+  if value in known:
+    return ""
+  return f"unknown {field} {value!r}{cli.closest(value, known)}; known: {', '.join(known)}."
 
 
 def validate_config(config: ml_collections.ConfigDict) -> None:
@@ -28,20 +45,14 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   if config.workers % n_proc:
     bad(f"workers={config.workers} must divide over {n_proc} processes (each holds "
         "workers / processes of them).")
-  if config.dataset not in data_lib.DATASETS:
-    bad(f"unknown dataset {config.dataset!r}; known: {', '.join(sorted(data_lib.DATASETS))}.")
+  for field in registries():
+    problem = unknown_name(field, config[field])
+    if problem:
+      bad(problem)
   if eval_batch_size(config) % n_proc:
     bad(f"the eval batch ({eval_batch_size(config)}: eval_batch_size, at most the test split) "
         f"must divide over {n_proc} processes.")
-  if config.model not in models_lib.MODELS:
-    bad(f"unknown model {config.model!r}; known: {', '.join(models_lib.MODELS)}.")
   _validate_task(config, bad)
-  if config.compressor not in jaxcomp.names():
-    bad(f"unknown compressor {config.compressor!r}; known: {', '.join(jaxcomp.names())}.")
-  if config.optimizer not in optimizers.OPTIMIZERS:
-    bad(f"unknown optimizer {config.optimizer!r}; known: {', '.join(optimizers.OPTIMIZERS)}.")
-  if config.lr_schedule not in optimizers.SCHEDULES:
-    bad(f"unknown lr_schedule {config.lr_schedule!r}; known: {', '.join(optimizers.SCHEDULES)}.")
   if config.lr_schedule == "staircase" and config.lr_decay_steps <= 0:
     bad("lr_schedule='staircase' needs lr_decay_steps > 0.")
   bounds = list(config.lr_boundaries)

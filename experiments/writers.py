@@ -8,11 +8,13 @@ as the scalars ``train/loss``, ``test/accuracy``, ``train/bytes_on_wire``, ...
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
+import logging as pylogging
 import os
 import sys
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 from absl import logging
 from clu import metric_writers
@@ -213,6 +215,56 @@ def progress_bar(total: int, enabled: bool, desc: str):
   except ImportError:  # pragma: no cover
     return None
   return tqdm(total=total, desc=desc, unit="step", dynamic_ncols=True, file=sys.stderr, leave=True)
+
+
+class _AboveTheBar(pylogging.Handler):
+  """A log handler's stand-in that drops orbax's INFO records and writes the rest above any progress bar.
+
+  tqdm lifts its bars off their line while the record is written (``external_write_mode``)
+  and redraws them under it, so a log line never lands in the middle of a bar. orbax logs
+  some forty INFO lines per checkpoint (its handlers, threads and timings); its warnings
+  and errors still pass.
+  """
+
+  def __init__(self, handler: pylogging.Handler):
+    super().__init__()
+    self.handler = handler
+
+  def handle(self, record: pylogging.LogRecord) -> bool:
+    if record.levelno < self.handler.level:  # the level the logger would have checked
+      return False
+    if record.levelno < pylogging.WARNING and f"{os.sep}orbax{os.sep}" in record.pathname:
+      return False
+    try:
+      from tqdm import tqdm  # pylint: disable=g-import-not-at-top
+    except ImportError:  # pragma: no cover  (no bar either: progress_bar)
+      return self.handler.handle(record)
+    with tqdm.external_write_mode(file=sys.stderr):
+      return self.handler.handle(record)
+
+  def emit(self, record: pylogging.LogRecord) -> None:  # only reached through handle
+    self.handler.emit(record)
+
+
+@contextlib.contextmanager
+def logs_above_the_bar() -> Iterator[None]:
+  """For a run: every log line is written above the progress bar, none of orbax's INFO lines.
+
+  The root logger's handlers (absl's, under ``python -m experiments.train``) are replaced
+  by :class:`_AboveTheBar` stand-ins for the run and restored after it.
+  """
+  root = pylogging.getLogger()
+  handlers = list(root.handlers)
+  for handler in handlers:
+    root.removeHandler(handler)
+    root.addHandler(_AboveTheBar(handler))
+  try:
+    yield
+  finally:
+    for stand_in in [h for h in root.handlers if isinstance(h, _AboveTheBar)]:
+      root.removeHandler(stand_in)
+      if stand_in.handler in handlers:
+        root.addHandler(stand_in.handler)
 
 
 def _git_commit() -> Optional[str]:

@@ -23,6 +23,7 @@ neither.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, ClassVar, NamedTuple, Optional, Sequence
 
@@ -99,6 +100,32 @@ def after(xs: Sequence[jax.Array], flag: jax.Array) -> list[jax.Array]:
   return [jnp.where(never, jnp.zeros_like(x), x) for x in xs]
 
 
+class DecodeShapeError(ValueError):
+  """A compressor's ``decode`` returned an array whose shape is not the tensor's."""
+
+
+def _shape_checked(decode):
+  """``decode`` with its result's shape checked against ``shape`` (at trace time: shapes are static).
+
+  Every call of a subclass's ``decode`` goes through this check, wherever it
+  is made (the all-gather, the two-phase exchange, error feedback, a custom
+  exchange): a wrong shape is named here, not later as a broadcasting error
+  in the optimizer.
+  """
+
+  @functools.wraps(decode)
+  def checked(self, payload, shape):
+    out = decode(self, payload, shape)
+    if tuple(jnp.shape(out)) != tuple(shape):
+      raise DecodeShapeError(
+          f"{type(self).__name__}.decode(payload, shape) returned shape {tuple(jnp.shape(out))} "
+          f"for a tensor of shape {tuple(shape)}: decode must return the tensor's own shape "
+          "(e.g. end it with .reshape(shape)).")
+    return out
+
+  return checked
+
+
 @dataclasses.dataclass(frozen=True)
 class Compressor:
   """Base class of all per-tensor compressors.
@@ -130,6 +157,12 @@ class Compressor:
   metric_keys: ClassVar[tuple[str, ...]] = ()
   custom_exchange: ClassVar[bool] = False
   bucket_encode: ClassVar[bool] = False
+
+  def __init_subclass__(cls, **kwargs):
+    """Every subclass's own :meth:`decode` is shape-checked (:class:`DecodeShapeError`)."""
+    super().__init_subclass__(**kwargs)
+    if "decode" in vars(cls):
+      cls.decode = _shape_checked(vars(cls)["decode"])
 
   # -- the protocol ---------------------------------------------------------
 

@@ -1,5 +1,6 @@
 """The minimal compressor of docs/compressors.md ("Write your own compressor") runs as written."""
 
+import dataclasses
 import math
 import pathlib
 import re
@@ -62,3 +63,25 @@ def test_example_exchange_over_workers_conserves_the_gradients():
   np.testing.assert_allclose(total_out + np.asarray(state.local.residual).mean(0), total_in, atol=1e-5)
   assert np.abs(np.asarray(state.local.residual)).max() > 0  # the sign did lose something
   assert int(jaxcomp.metrics(state)["bytes_on_wire"]) == math.ceil(n / 8) + 4 + 1  # + the non-finite flag
+
+
+@pytest.mark.parametrize("exchange, n, expected", [
+    ("all_gather", (3, 5), (3, 5)),
+    ("two_phase", (400,), (400,)),
+])
+def test_a_decode_of_the_wrong_shape_is_named_at_trace_time(exchange, n, expected):
+  """A decode that returns another shape is jaxcomp's error naming it, not optax's broadcasting error."""
+  ns = _namespace()
+
+  class Rows(ns["ScaledSign"]):
+    def decode(self, payload, shape):  # the bug: a row of the right values, not the tensor's shape
+      return super().decode(payload, shape).reshape(1, -1)
+
+  tx = jaxcomp.compress(dataclasses.dataclass(frozen=True)(Rows)(), axis_name="workers", exchange=exchange)
+  with pytest.raises(jaxcomp.core.DecodeShapeError) as e:  # at init already, or in the first update
+    state = parallel.replicate_workers(tx.init(jnp.zeros(n)), 4)
+    axes = parallel.worker_axes(state)
+    jax.eval_shape(jax.vmap(tx.update, in_axes=(0, axes), out_axes=(None, axes), axis_name="workers"),
+                   jnp.zeros((4,) + n), state)
+  assert str(e.value).startswith(f"Rows.decode(payload, shape) returned shape {(1, math.prod(expected))} "
+                                 f"for a tensor of shape {expected}")

@@ -182,7 +182,7 @@ def test_zero_page_blocks_run(tmp_path):
 
 # Every page whose Python blocks a test runs: these tests, and compressors.md's (test_custom_compressor).
 RUN_PAGES = {"meshes.md", "nnx.md", "wrappers.md", "language_models.md", "schedules.md", "compressors.md",
-             "zero.md"}
+             "zero.md", "options.md"}
 
 
 def test_every_docs_page_with_code_is_run():
@@ -320,6 +320,38 @@ def test_encoded_bytes_is_the_variable_length_size_where_the_readme_says():
   for name in ("qsgd", "onebit", "int8", "topk", "signsgd"):
     m = _metrics_after_one_step(lambda **kw: jaxcomp.get_transform(name, **kw), g)
     assert m["encoded_bytes"] == m["bytes_on_wire"], name
+
+
+def test_options_page_says_how_the_two_phase_exchange_cuts_a_tensor():
+  from jaxcomp.compressors.qsgd import QSGD  # pylint: disable=g-import-not-at-top
+  from jaxcomp.compressors.terngrad import TernGrad  # pylint: disable=g-import-not-at-top
+  from jaxcomp.exchange import plan, two_phase  # pylint: disable=g-import-not-at-top
+  text = " ".join(OPTIONS.split())
+  assert "c = ceil(n / N) rounded up to a multiple of 40" in text
+  assert two_phase.split(TernGrad(), 1000, 8).chunk == 160  # ceil(1000 / 8) = 125 -> 160
+  assert "a 500-value tensor at 8 workers travels as 640" in text
+  assert two_phase.split(TernGrad(), 500, 8).padded == 640
+  assert "fewer than N·40 values (320 at 8 workers; N·512 = 4,096 for `qsgd`" in text
+  assert two_phase.split(TernGrad(), 319, 8) is None and two_phase.split(TernGrad(), 320, 8).chunk == 40
+  assert two_phase.split(QSGD(), 4095, 8) is None and two_phase.split(QSGD(), 4096, 8).chunk == 512
+  assert "with `exchange=\"two_phase\"` as with `\"auto\"`; so does every tensor when there is one worker" in text
+  assert plan.choose(TernGrad(), 319, 8, "two_phase") == plan.choose(TernGrad(), 319, 8, "auto") == "all_gather"
+  assert plan.choose(TernGrad(), 10**6, 1, "two_phase") == "all_gather"
+
+
+def test_options_page_measures_the_bytes_it_says_to_compare(tmp_path):
+  """The page's program prints the figures its text gives: more bytes_on_wire, fewer received."""
+  import ast  # pylint: disable=g-import-not-at-top
+  out = _run(_blocks("python", OPTIONS), tmp_path).stdout
+  m = {line.split(" ", 1)[0]: ast.literal_eval(line.split(" ", 1)[1]) for line in out.strip().splitlines()}
+  ag, tp = m["all_gather"], m["two_phase"]
+  assert "received_bytes" not in ag  # reported with "two_phase" or "auto", as the page says
+  assert tp["bytes_on_wire"] > ag["bytes_on_wire"] and tp["received_bytes"] < 7 * ag["bytes_on_wire"]
+  text = " ".join(OPTIONS.split())
+  assert (f"`bytes_on_wire` {ag['bytes_on_wire']:,} bytes with the all-gather and {tp['bytes_on_wire']:,} with the "
+          f"two-phase exchange ({tp['bytes_on_wire'] / ag['bytes_on_wire']:.2f}× more); received 7 × "
+          f"{ag['bytes_on_wire']:,} = {7 * ag['bytes_on_wire']:,} bytes against a `received_bytes` of "
+          f"{tp['received_bytes']:,} ({7 * ag['bytes_on_wire'] / tp['received_bytes']:.1f}× less)") in text
 
 
 def test_every_make_target_the_docs_name_exists():

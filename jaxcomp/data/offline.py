@@ -58,7 +58,16 @@ SPLITS = ("train", "test")
 
 
 class DatasetNotAvailableError(RuntimeError):
-  """A dataset's files are not on this machine; the message says what to do."""
+  """A dataset's files are not on this machine; the message says what to do.
+
+  Attributes:
+    data_dir: for a tfds dataset, the TFDS data directory it is not prepared
+      in; else ``None``.
+  """
+
+  def __init__(self, message: str, data_dir: str | None = None):
+    super().__init__(message)
+    self.data_dir = data_dir
 
 
 def check_split(split: str) -> None:

@@ -17,6 +17,7 @@ from typing import Mapping
 import numpy as np
 
 from jaxcomp.data import offline
+from jaxcomp.data import text
 
 SPLITS = offline.SPLITS
 
@@ -147,6 +148,28 @@ OFFLINE_DATASETS = tuple(n for n, s in DATASETS.items() if s.offline)
 
 
 _check_split = offline.check_split
+
+
+def _found(locate) -> bool:
+  try:
+    locate()
+  except offline.DatasetNotAvailableError:
+    return False
+  return True
+
+
+_PRESENT = {
+    "mnist5k": lambda: _found(offline.mnist5k_path),
+    "digits": lambda: _found(offline.digits_path),
+    "fashion_mnist_debian": offline.fashion_mnist_debian_available,
+    "gcide": text.gcide_available,
+}
+
+
+def offline_here(modality: str = "image") -> list[str]:
+  """The offline datasets of ``modality`` whose files are on this machine (found, not yet verified)."""
+  return [name for name in OFFLINE_DATASETS
+          if DATASETS[name].modality == modality and _PRESENT[name]()]
 
 
 def get_spec(name: str) -> DatasetSpec:

@@ -121,7 +121,7 @@ def tfds_builder(name: str, tfds_name: str, data_dir: str | None = None) -> Any:
   d = resolve_data_dir(data_dir)
   builder = tfds.builder(tfds_name, data_dir=d)
   if not builder.is_prepared():
-    raise DatasetNotAvailableError(not_prepared_message(name, tfds_name, d))
+    raise DatasetNotAvailableError(not_prepared_message(name, tfds_name, d), data_dir=d)
   return builder
 
 
