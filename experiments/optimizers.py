@@ -67,7 +67,7 @@ def make_base_optimizer(config: ml_collections.ConfigDict, schedule: optax.Sched
   norm.
   """
   decoupled = config.weight_decay and config.weight_decay_mode == "decoupled"
-  clip = [optax.clip_by_global_norm(config.grad_clip_norm)] if config.grad_clip_norm else []
+  clip = [jaxcomp.clip_by_global_norm(config.grad_clip_norm)] if config.grad_clip_norm else []  # optax's, sharded too
   if config.optimizer == "adamw":
     return optax.chain(*clip, optax.adamw(
         schedule, b1=config.adam_b1, b2=config.adam_b2, eps=config.adam_eps,

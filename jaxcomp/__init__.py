@@ -56,7 +56,7 @@ from jaxcomp.metrics import metrics
 from jaxcomp.sharded import PerShardState, per_shard
 from jaxcomp.transforms import CompressState, compress, path_str, skip_by_path
 from jaxcomp.wrappers import ApplyIfFiniteState, apply_if_finite, multi_steps
-from jaxcomp.zero import ShardedOptimizerState, shard_optimizer
+from jaxcomp.zero import ShardedOptimizerState, clip_by_global_norm, global_norm, shard_optimizer
 
 __version__ = "0.1.0"
 
@@ -81,6 +81,8 @@ __all__ = [
     # optimizer states sharded over the workers (ZeRO-1/2): each updates its shard
     "shard_optimizer",
     "ShardedOptimizerState",
+    "clip_by_global_norm",
+    "global_norm",
     # the compressors: optax transform factories ...
     "terngrad",
     "qsgd",

@@ -600,9 +600,9 @@ class _Compress:
   def routes(self, p: _Plan, topology) -> _Plan:
     """``p`` with the tensors that take the two-phase exchange, chosen per bucket (:func:`~jaxcomp.exchange.plan.choose_buckets`),
     or inside :func:`jaxcomp.exchange.scatter.scattering` those reduce-scattered."""
-    align = scatter.active()
-    if align is not None:
-      return self.scattered(p, align)
+    context = scatter.active()
+    if context is not None:
+      return self.scattered(p, context.align)
     if not self.routed:
       return p
     groups = [[i for i in ids if not p.skipped[i]] for ids in self.groups(p, topology)]

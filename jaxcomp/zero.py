@@ -69,10 +69,11 @@ GATHER_METRICS = ("gather_bytes", "bytes_on_wire", "received_bytes")
 class ShardedOptimizerState(NamedTuple):
   """State of :func:`shard_optimizer`.
 
-  ``replicated``: the chain's state with only its compression transform's
-  (the rest masked); ``local.residual``: the chain's state with every other
-  transform's, each worker's shard (the compression transform's masked);
-  ``local.metrics``: the bytes of the updates' all-gather.
+  ``replicated``: the chain's state with what is the same on every worker
+  (the compression transform's state, step counts, the state of tensors
+  kept whole; the rest masked); ``local.residual``: the chain's state with
+  the rest, each worker's shard; ``local.metrics``: the bytes of the
+  updates' all-gather (and of a :func:`global_norm`'s sum).
   """
 
   replicated: Any
@@ -125,10 +126,15 @@ class _Sharding(NamedTuple):
     with scatter.scattering(self.align):
       compression = jax.jit(lambda p: _only_compression(self.tx.init(p)))(params)
       rows = jax.jit(jax.vmap(lambda p: _without_compression(self.tx.init(p))))(self.rows(params))
+      _check_chain(compression, rows)
       cut = self.cut(params)
-    replicated = _merged(compression, jax.tree.map(lambda a, c: optax.MaskedNode() if c else a[0], rows, cut))
+    try:
+      replicated = _merged(compression, jax.tree.map(lambda a, c: optax.MaskedNode() if c else a[0], rows, cut))
+    except ValueError as e:
+      raise ValueError("jaxcomp.shard_optimizer: the chain's state has another structure for a tensor's chunk "
+                       "than for the whole tensor (a transform that depends on a tensor's rank or shape, "
+                       f"beyond its size); it cannot be sharded. ({str(e).splitlines()[0]})") from None
     local = jax.tree.map(lambda a, c: a if c else optax.MaskedNode(), rows, cut)
-    _check_chain(compression, local)
     zero = Count.of(jnp.zeros((self.num_workers,), jnp.uint32))
     return ShardedOptimizerState(replicated, core.ShardLocal(local, {k: zero for k in GATHER_METRICS}))
 
@@ -166,10 +172,11 @@ class _Sharding(NamedTuple):
     lays = self.lays(updates, workers)
     index = parallel.axis_index(self.axis_name) if workers > 1 else 0
     chain_state = _merged(state.replicated, state.local.residual)
-    with scatter.scattering(self.align):
+    with scatter.scattering(self.align, axis_name=self.axis_name, lays=lays, traffic=transport.Traffic()) as context:
       shards, chain_state = self.tx.update(updates, chain_state, _shards(params, lays, index), **extra_args)
     whole, traffic = self.gathered(shards, lays, updates)
-    metrics = {"gather_bytes": traffic.sent, "bytes_on_wire": traffic.sent, "received_bytes": traffic.received}
+    metrics = {"gather_bytes": traffic.sent, "bytes_on_wire": traffic.sent + context.traffic.sent,
+               "received_bytes": traffic.received + context.traffic.received}
     replicated = _like(state.replicated, chain_state, lambda r, x: r if isinstance(r, optax.MaskedNode) else x)
     local = _like(state.replicated, chain_state, lambda r, x: x if isinstance(r, optax.MaskedNode) else optax.MaskedNode())
     local = core.ShardLocal(local, {k: v.traced() for k, v in metrics.items()})
@@ -185,6 +192,55 @@ class _Sharding(NamedTuple):
     for t in traffic:
       total += t
     return treedef.unflatten(results), total
+
+
+# -- transforms that look across tensors, made to see the whole of them ------------------------------
+
+def global_norm(updates: Any) -> jax.Array:
+  """The L2 norm of every value of ``updates``, as ``optax.tree.norm``; inside a sharded chain, of the whole tensors.
+
+  In :func:`shard_optimizer`'s chain a cut tensor arrives as this worker's
+  chunk: the chunks' sums of squares are summed over the workers (one
+  ``"sum"`` of a float32 scalar, counted with the wrapper's bytes) and the
+  whole tensors' added once. The norm is the replicated one up to the order
+  of the float32 additions, and the same on every worker.
+  """
+  context = scatter.active()
+  if context is None or context.lays is None:
+    return optax.tree.norm(updates)
+  leaves = jax.tree.leaves(updates)
+  if len(leaves) != len(context.lays):
+    raise ValueError(f"jaxcomp.global_norm inside jaxcomp.shard_optimizer: the updates have {len(leaves)} leaves, "
+                     f"the parameters {len(context.lays)}; it takes updates shaped as the parameters.")
+  square = lambda x: jnp.sum(jnp.square(jnp.abs(x)), dtype=jnp.float32)
+  cut = sum((square(x) for x, lay in zip(leaves, context.lays) if lay is not None), jnp.float32(0))
+  whole = sum((square(x) for x, lay in zip(leaves, context.lays) if lay is None), jnp.float32(0))
+  total = transport.run(_sum_steps(cut), context.axis_name, context.traffic)
+  return jnp.sqrt(total + whole)
+
+
+def _sum_steps(x: jax.Array):
+  return (yield core.Message("sum", x))
+
+
+def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
+  """``optax.clip_by_global_norm``, whose norm is the whole model's inside :func:`shard_optimizer` too.
+
+  Outside a sharded chain it is optax's, number for number. Inside, the
+  norm is :func:`global_norm`'s (optax's own would be this worker's chunks').
+
+  References:
+    Pascanu, Mikolov, Bengio. *On the difficulty of training recurrent
+    neural networks*. ICML 2013, §3.2 (Algorithm 1).
+  """
+
+  def update_fn(updates, state, params=None):
+    del params
+    norm = global_norm(updates)
+    keep = jnp.squeeze(norm < max_norm)
+    return jax.tree.map(lambda t: jax.lax.select(keep, t, (t / norm.astype(t.dtype)) * max_norm), updates), state
+
+  return optax.GradientTransformation(optax.init_empty_state, update_fn)
 
 
 def _gather_steps(u: jax.Array, lay: two_phase.Split, shape: tuple[int, ...]):
@@ -230,12 +286,26 @@ def _like(replicated: Any, other: Any, pick) -> Any:
   return jax.tree.map(pick, replicated, other, is_leaf=_is_part)
 
 
-def _check_chain(replicated: Any, local: Any) -> None:
-  if not any(map(_is_compression, jax.tree.leaves(replicated, is_leaf=_is_compression))):
+# States of optax transforms that look across a tensor, by what names them (others, whose state is
+# empty, cannot be told apart: docs/zero.md lists what was tried).
+_ACROSS = {optax.FactoredState: "optax.scale_by_factored_rms's state (Adafactor's factored moments)",
+           optax.ScaleBySM3State: "optax.scale_by_sm3's state (SM3's per-axis accumulators)",
+           optax.ScaleByNovogradState: "optax.scale_by_novograd's state (NovoGrad's per-tensor norms)",
+           optax.AddNoiseState: "optax.add_noise's state (noisy_sgd: one draw per chunk shape)",
+           optax.ApplyIfFiniteState: "optax.apply_if_finite's state (each worker would decide on its chunk)"}
+
+
+def _check_chain(compression: Any, rest: Any) -> None:
+  """Refuses a chain with no compression transform, one that looks across a tensor, or other worker-local state."""
+  if not any(map(_is_compression, jax.tree.leaves(compression, is_leaf=_is_compression))):
     raise ValueError("jaxcomp.shard_optimizer wraps a chain that starts with a compression transform over the "
                      "workers (jaxcomp.terngrad(axis_name=...), ..., or jaxcomp.get_transform('none', "
                      "axis_name=...) for float): it reduce-scatters the gradients. This chain has none.")
-  others = core.worker_locals(local)
+  for x in jax.tree.leaves(rest, is_leaf=lambda x: isinstance(x, tuple(_ACROSS))):
+    if isinstance(x, tuple(_ACROSS)):
+      raise ValueError(f"jaxcomp.shard_optimizer: the chain holds {_ACROSS[type(x)]}, which looks across a "
+                       "tensor and would compute on each worker's chunk; it cannot be sharded.")
+  others = core.worker_locals(rest)
   if others:
     raise ValueError("jaxcomp.shard_optimizer: the chain holds worker-local state outside its compression "
                      f"transform ({len(others)} part(s), e.g. jaxcomp.multi_steps, diloco, onebit_adam), which "

@@ -156,3 +156,27 @@ def test_split_keeps_small_tensors_whole_and_counts_for_billions():
   tx = jaxcomp.shard_optimizer(_chain("none", optax.adam(1e-3)), axis_name="workers", num_workers=8)
   state = jax.eval_shape(tx.init, big)
   assert state.local.residual[1][0].mu["w"].shape == (8, 250_001_920)  # 2e9 / 8 rounded up to 2,560
+
+
+def test_clip_by_global_norm_sees_the_whole_model():
+  """jaxcomp.clip_by_global_norm: optax's numbers replicated, the whole model's norm sharded (a 4-byte sum counted)."""
+  clip = lambda: optax.chain(jaxcomp.get_transform("none", axis_name="workers"), jaxcomp.clip_by_global_norm(0.5),
+                             optax.sgd(0.1))
+  plain = _run(optax.chain(jaxcomp.get_transform("none", axis_name="workers"), optax.clip_by_global_norm(0.5),
+                           optax.sgd(0.1)))
+  replicated, sharded = _run(clip()), _run(_sharded(clip()))
+  for want, a, b in zip(jax.tree.leaves(plain[0]), jax.tree.leaves(replicated[0]), jax.tree.leaves(sharded[0])):
+    np.testing.assert_array_equal(a, want)
+    np.testing.assert_allclose(b, want, rtol=1e-6, atol=1e-7)
+  m = jaxcomp.metrics(sharded[1])
+  assert int(m["gather_bytes"]) == 4 * (400 + 320)
+  assert float(m["bytes_on_wire"]) - float(jaxcomp.metrics(_run(_sharded(_chain("none", optax.sgd(0.1))))[1])[
+      "bytes_on_wire"]) == 4  # the chunks' sum of squares: one float32
+
+
+@pytest.mark.parametrize("name", ["adafactor", "sm3", "novograd", "apply_if_finite"])
+def test_optimizers_that_look_across_a_tensor_are_refused_by_name(name):
+  opt = optax.apply_if_finite(optax.sgd(1e-2), 3) if name == "apply_if_finite" else getattr(optax, name)(1e-2)
+  tx = jaxcomp.shard_optimizer(_chain("none", opt), axis_name="workers", num_workers=N, align=ALIGN)
+  with pytest.raises(ValueError, match="looks across a tensor"):
+    tx.init(PARAMS)

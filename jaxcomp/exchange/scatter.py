@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 from typing import Iterator, Optional
 
 import jax
@@ -40,27 +41,46 @@ import jax.numpy as jnp
 
 from jaxcomp import core
 from jaxcomp import parallel
+from jaxcomp.exchange import transport
 from jaxcomp.exchange import two_phase
 
 # Chunks of 2,560 values: a multiple of two_phase.ALIGN (whole bytes for 2-bit, base-3^5 and
 # 1-bit codes) and of QSGD's default 512-value buckets, so that one cut serves every compressor.
 DEFAULT_ALIGN = 2560
 
-_ACTIVE: contextvars.ContextVar[Optional[int]] = contextvars.ContextVar("jaxcomp_scatter_align", default=None)
+@dataclasses.dataclass
+class Scattering:
+  """What a sharded chain's update knows while it runs (set by :func:`jaxcomp.shard_optimizer`).
+
+  ``align`` cuts the tensors (:func:`split`); during an update ``axis_name``
+  and ``lays`` (each parameter leaf's cut, ``None``: whole) let a transform
+  that looks across tensors reduce its chunks' partial sums
+  (:func:`jaxcomp.zero.global_norm`), and ``traffic`` counts what such a
+  reduction moves (reported by the wrapper with its all-gather).
+  """
+
+  align: int
+  axis_name: parallel.AxisName = None
+  lays: Optional[list] = None
+  traffic: Optional[transport.Traffic] = None
+
+
+_ACTIVE: contextvars.ContextVar[Optional[Scattering]] = contextvars.ContextVar("jaxcomp_scattering", default=None)
 
 
 @contextlib.contextmanager
-def scattering(align: int) -> Iterator[None]:
+def scattering(align: int, **during_update) -> Iterator[Scattering]:
   """While active, a compression transform reduce-scatters the tensors :func:`split` cuts (trace time)."""
-  token = _ACTIVE.set(align)
+  context = Scattering(align, **during_update)
+  token = _ACTIVE.set(context)
   try:
-    yield
+    yield context
   finally:
     _ACTIVE.reset(token)
 
 
-def active() -> Optional[int]:
-  """The ``align`` of the enclosing :func:`scattering`, or ``None`` outside one."""
+def active() -> Optional[Scattering]:
+  """The enclosing :func:`scattering`'s context, or ``None`` outside one."""
   return _ACTIVE.get()
 
 
