@@ -29,7 +29,7 @@ import jax.numpy as jnp
 
 from jaxcomp import core
 from jaxcomp import parallel
-from jaxcomp import transforms
+from jaxcomp import update_steps
 
 
 def worker_filter(optimizer: Any) -> Callable[[tuple, Any], bool]:
@@ -44,7 +44,7 @@ def worker_filter(optimizer: Any) -> Callable[[tuple, Any], bool]:
   state = optimizer.opt_state
   parallel.worker_axes(state)  # the same checks
   flat = jax.tree_util.tree_flatten_with_path(state, is_leaf=lambda x: isinstance(x, core.WorkerLocal))[0]
-  prefixes = {("opt_state",) + transforms.key_names(path) for path, x in flat if isinstance(x, core.WorkerLocal)}
+  prefixes = {("opt_state",) + update_steps.key_names(path) for path, x in flat if isinstance(x, core.WorkerLocal)}
 
   def per_worker(path, value) -> bool:
     del value

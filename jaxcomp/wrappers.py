@@ -41,7 +41,7 @@ import optax
 
 from jaxcomp import core
 from jaxcomp import parallel
-from jaxcomp import transforms
+from jaxcomp import update_steps
 from jaxcomp.compressors.local_steps import local_steps, silence_wire, traced_wire
 from jaxcomp.exchange import transport
 
@@ -146,7 +146,7 @@ def apply_if_finite(
     )
 
   def update_fn(updates, state, params=None, **extra_args):
-    bad = jnp.any(jnp.array([transforms.is_nonfinite(g) for g in jax.tree.leaves(updates)])).astype(jnp.uint8)
+    bad = jnp.any(jnp.array([update_steps.is_nonfinite(g) for g in jax.tree.leaves(updates)])).astype(jnp.uint8)
     traffic = transport.Traffic()
     bad = transport.run(agree(bad), axis_name, traffic)
     isfinite = bad == 0

@@ -350,34 +350,34 @@ def test_threelc_bucket_bytes_are_each_tensors_base243(sparsity):
 
 
 def test_nonfinite_flags_of_a_bucket_are_each_tensors_own():
-  from jaxcomp import transforms
+  from jaxcomp import update_steps
   xs = _tensors(_SIZES, seed=1)
   poison = {2: np.nan, 4: np.inf, 6: -np.inf, 8: np.nan}  # also the last value of a chunk (index 127)
   xs = [x.at[min(127, x.size - 1)].set(poison[i]) if i in poison else x for i, x in enumerate(xs)]
-  together = jax.jit(transforms.nonfinite_flags)(xs)
-  alone = [bool(jax.jit(transforms.is_nonfinite)(x)) for x in xs]
+  together = jax.jit(update_steps.nonfinite_flags)(xs)
+  alone = [bool(jax.jit(update_steps.is_nonfinite)(x)) for x in xs]
   assert list(np.asarray(together)) == alone == [i in poison for i in range(len(xs))]
   # An Inf and a -Inf in one tensor, NaN from their sum, and a huge finite tensor (no overflow).
   odd = [jnp.array([np.inf, -np.inf, 1.0]), jnp.full((300,), 3e38, jnp.float32)]
-  assert list(np.asarray(jax.jit(transforms.nonfinite_flags)(odd))) == [True, False]
+  assert list(np.asarray(jax.jit(update_steps.nonfinite_flags)(odd))) == [True, False]
 
 
 def test_the_check_joins_a_bucket_once_for_its_encoder():
   """With the encoder's layout, the flags are the same, and the join it carries is that of the zeroed tensors."""
-  from jaxcomp import transforms
+  from jaxcomp import update_steps
   xs = _tensors(_SIZES, seed=2)
   xs = [x.at[0].set(-0.0) if x.size else x for x in xs]  # a signed zero, kept as it is
   xs[1], xs[3] = xs[1].at[-1].set(np.nan), xs[3].at[0].set(-np.inf)
   lay = layout.Layout([x.size for x in xs], 5)
 
   def check(xs):
-    zeroed, bad, carried = transforms.set_aside_nonfinite(xs, lay)  # the layout, carrying the join
+    zeroed, bad, carried = update_steps.set_aside_nonfinite(xs, lay)  # the layout, carrying the join
     expected = lay.join(zeroed)
     return (zeroed, bad, carried.joined_input(None), expected, carried.input_max_abs(None),
             lay.tensor_max(jnp.abs(expected)))
 
   zeroed, bad, joined, expected, tops, expected_tops = jax.jit(check)(xs)
-  alone = [bool(transforms.is_nonfinite(x)) for x in xs]
+  alone = [bool(update_steps.is_nonfinite(x)) for x in xs]
   assert list(np.asarray(bad)) == alone == [i in (1, 3) for i in range(len(xs))]
   bits = lambda a: np.asarray(a).view(np.uint32)
   np.testing.assert_array_equal(bits(joined), bits(expected))
@@ -391,18 +391,18 @@ def test_a_transform_built_outside_the_mesh_joins_once_per_device(monkeypatch, l
   """The single join is decided where the axes are bound: a transform is built before its mesh.
 
   With one worker per device the check hands its join to the encoder; with vmap-simulated workers
-  inside it does not (see jaxcomp.transforms.compress).
+  inside it does not (see jaxcomp.compress_update.Compress.inputs).
   """
-  from jaxcomp import transforms
+  from jaxcomp import compress_update
   given = []
-  real = transforms.set_aside_nonfinite
+  real = compress_update.set_aside_nonfinite
 
   def spy(xs, layout=None):
     if jax.sharding.get_abstract_mesh().axis_names:  # the step's trace (init traces without a mesh)
       given.append(layout is not None)
     return real(xs, layout)
 
-  monkeypatch.setattr(transforms, "set_aside_nonfinite", spy)
+  monkeypatch.setattr(compress_update, "set_aside_nonfinite", spy)
   _run("threelc", layout_name, 4000, steps=1)
   assert given and set(given) == {layout_name == "shard_map"}
 

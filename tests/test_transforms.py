@@ -10,7 +10,7 @@ import optax
 import pytest
 
 import jaxcomp
-from jaxcomp import core, parallel, transforms
+from jaxcomp import core, parallel, transforms, update_steps
 
 from _layouts import vmap_update
 
@@ -128,7 +128,7 @@ def test_is_nonfinite_is_not_all_isfinite(dtype):
            [jnp.nan, 1.0], [jnp.inf, -jnp.inf], [big] * 1000 + [jnp.nan]]
   for c in cases:
     x = jnp.asarray(c, dtype)
-    assert bool(jax.jit(transforms.is_nonfinite)(x)) == (not bool(jnp.all(jnp.isfinite(x)))), c
+    assert bool(jax.jit(update_steps.is_nonfinite)(x)) == (not bool(jnp.all(jnp.isfinite(x)))), c
 
 
 def test_after_leaves_every_value_bit_for_bit():

@@ -54,6 +54,7 @@ import optax
 from jaxcomp import core
 from jaxcomp import hyperparams
 from jaxcomp import transforms
+from jaxcomp import update_steps
 
 
 class WorkerMomentumState(NamedTuple):
@@ -89,7 +90,7 @@ def carry_momentum(
     u_old: jax.Array, u_new: jax.Array, x: jax.Array, new_residual: Any, masking: bool
 ) -> jax.Array:
   """The momentum kept for the next step: rolled back if ``x`` is not finite, masked where sent."""
-  bad = transforms.is_nonfinite(x)
+  bad = update_steps.is_nonfinite(x)
   u = jnp.where(bad, u_old, u_new)
   if masking and not isinstance(new_residual, optax.MaskedNode):
     u = jnp.where(jnp.logical_and(jnp.logical_not(bad), sent_mask(x, new_residual)), 0.0, u)
@@ -153,7 +154,7 @@ def with_worker_momentum(
         kept.append(u0)
         continue
       use_ef = not isinstance(r0, optax.MaskedNode)
-      x = transforms.add_residual(inp, r0 if use_ef else None, use_ef)  # the exchange's input, bit for bit
+      x = update_steps.add_residual(inp, r0 if use_ef else None, use_ef)  # the exchange's input, bit for bit
       kept.append(carry_momentum(u0, u1, x, r1, masking))
     new_state = WorkerMomentumState(
         local=core.WorkerLocal(residual=treedef.unflatten(kept), metrics={}), exchange=ex_state)
@@ -167,5 +168,5 @@ def exchange_skips(skip: Any = None, min_size: int = 0) -> Callable[[Any], list[
 
   The one rule of :func:`jaxcomp.compress`, for a ``bypass`` that follows it.
   """
-  return lambda tree: transforms._resolve_skip(skip, tree, min_size)  # pylint: disable=protected-access
+  return lambda tree: update_steps.resolve_skip(skip, tree, min_size)
 

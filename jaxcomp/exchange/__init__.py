@@ -1,6 +1,6 @@
 """The exchange core: how one update's gradients travel between workers.
 
-:func:`jaxcomp.compress` (jaxcomp/transforms.py) makes a plan of the update
+:func:`jaxcomp.compress` (jaxcomp/compress_update.py) makes a plan of the update
 and hands every tensor's exchange to the transport. The modules, in the order
 a gradient meets them:
 

@@ -167,7 +167,7 @@ def _pipelined(steps: Sequence[Any], groups: Sequence[Sequence[int]], axis_name:
   (its first message when that is a ``"max"``: a few values per tensor that
   its encoding waits for, such as TernGrad's scalars; the non-finite flags
   travel with a bucket's own gather, see
-  :func:`jaxcomp.transforms.agree_on_nonfinite`) travels :data:`AHEAD`
+  :func:`jaxcomp.update_steps.agree_on_nonfinite`) travels :data:`AHEAD`
   buckets early: bucket ``k``'s all-gather also carries bucket ``k + 2``'s
   values, and each worker takes their maximum over
   the gathered workers (exact, so the numbers are those of a ``pmax``). The

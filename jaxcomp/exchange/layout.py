@@ -81,9 +81,9 @@ class Layout:
   tensor's last chunk padded, and the bucket is the ``(planes, chunks, CHUNK)``
   array of every tensor's chunks: a chunk belongs to one tensor, so a
   per-tensor parameter is one value per chunk, broadcast along the chunk,
-  instead of a lookup per element (on XLA:CPU that lookup made the encode
-  three times slower than the tensors' own encodes; broadcasting per chunk
-  makes it faster than them). The padding (under ``CHUNK`` columns a tensor)
+  instead of a lookup per element (on XLA:CPU a lookup per element made the
+  encode slower than the tensors' own encodes, broadcasting per chunk faster:
+  docs/design.md, "Choices in the code"). The padding (under ``CHUNK`` columns a tensor)
   is computed and dropped: :meth:`compact` keeps each tensor's ``m_i`` columns.
   """
 
