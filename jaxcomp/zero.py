@@ -78,11 +78,23 @@ class ShardedOptimizerState(NamedTuple):
 
   replicated: Any
   local: core.ShardLocal
+  gather: Optional["GatherState"] = None  # with gather=: the updates' all-gather compressed
+
+
+class GatherState(NamedTuple):
+  """The compressed all-gather's state: a key (the same on every worker) and each worker's error feedback.
+
+  ``local.residual`` holds, per cut tensor, what this worker's chunk of the
+  update lost to the codec so far (``optax.MaskedNode`` for a whole tensor).
+  """
+
+  key: jax.Array
+  local: core.ShardLocal
 
 
 def shard_optimizer(tx: optax.GradientTransformation, *, axis_name: parallel.AxisName, num_workers: int,
-                    align: int = scatter.DEFAULT_ALIGN,
-                    bucket_bytes: int = buckets.DEFAULT_BUCKET_BYTES) -> optax.GradientTransformationExtraArgs:
+                    align: int = scatter.DEFAULT_ALIGN, bucket_bytes: int = buckets.DEFAULT_BUCKET_BYTES,
+                    gather: Optional[core.Compressor] = None, seed: int = 0) -> optax.GradientTransformationExtraArgs:
   """``tx`` with its state sharded over the workers (see the module docstring).
 
   Args:
@@ -94,6 +106,14 @@ def shard_optimizer(tx: optax.GradientTransformation, *, axis_name: parallel.Axi
       every registered one); tensors under ``num_workers · align`` stay whole.
     bucket_bytes: the updates' all-gather is fused in buckets of about this
       many bytes (:mod:`jaxcomp.exchange.buckets`).
+    gather: a compressor for the updates' all-gather (e.g. ``jaxcomp.Int8()``:
+      a chunk of ``c`` values crosses as ``c + 4`` bytes instead of ``4c``);
+      ``None`` (default): float, and the replicas are the replicated step's.
+      Each worker encodes its own chunks (their own scales, no agreement
+      round) with error feedback: what a chunk's update lost is added to its
+      next one, so the parameters lag the float ones by at most one residual.
+      Every worker decodes the same payloads: the replicas stay identical.
+    seed: seeds the key of a stochastic ``gather`` codec.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` whose updates are whole
@@ -104,7 +124,10 @@ def shard_optimizer(tx: optax.GradientTransformation, *, axis_name: parallel.Axi
     raise ValueError(f"num_workers must be a positive int; got {num_workers!r}.")
   scatter.split(0, 1, align)  # validates align
   buckets.check_bucket_bytes(bucket_bytes)
-  sharding = _Sharding(tx, axis_name, num_workers, align, bucket_bytes)
+  if gather is not None and (two_phase.unsupported(gather) or gather.plain_compressor is not None):
+    raise ValueError(f"jaxcomp.shard_optimizer(gather={type(gather).__name__}(...)): the updates' all-gather takes "
+                     "a compressor with a fixed-size payload of its own (int8, TernGrad, QSGD, ...).")
+  sharding = _Sharding(tx, axis_name, num_workers, align, bucket_bytes, gather, seed)
   return optax.GradientTransformationExtraArgs(sharding.init, sharding.update)
 
 
@@ -114,6 +137,8 @@ class _Sharding(NamedTuple):
   num_workers: int
   align: int
   bucket_bytes: int
+  gather: Optional[core.Compressor]
+  seed: int
 
   def lays(self, tree: Any, workers: int) -> list[Optional[two_phase.Split]]:
     """Each leaf's cut over ``workers`` (float leaves only: others pass the compressor untouched)."""
@@ -136,7 +161,17 @@ class _Sharding(NamedTuple):
                        f"beyond its size); it cannot be sharded. ({str(e).splitlines()[0]})") from None
     local = jax.tree.map(lambda a, c: a if c else optax.MaskedNode(), rows, cut)
     zero = Count.of(jnp.zeros((self.num_workers,), jnp.uint32))
-    return ShardedOptimizerState(replicated, core.ShardLocal(local, {k: zero for k in GATHER_METRICS}))
+    return ShardedOptimizerState(replicated, core.ShardLocal(local, {k: zero for k in GATHER_METRICS}),
+                                 self.init_gather(params))
+
+  def init_gather(self, params: Any) -> Optional[GatherState]:
+    """The compressed all-gather's key and zero residuals (a row of each cut tensor's chunk a worker)."""
+    if self.gather is None:
+      return None
+    leaves, treedef = jax.tree.flatten(params)
+    residual = [optax.MaskedNode() if lay is None else jnp.zeros((self.num_workers, lay.chunk), jnp.float32)
+                for lay in self.lays(params, self.num_workers)]
+    return GatherState(jax.random.PRNGKey(self.seed), core.ShardLocal(treedef.unflatten(residual), {}))
 
   def cut(self, params: Any) -> Any:
     """Which leaves of the chain's state (not its compression transform's) follow the parameters' chunks.
@@ -174,24 +209,44 @@ class _Sharding(NamedTuple):
     chain_state = _merged(state.replicated, state.local.residual)
     with scatter.scattering(self.align, axis_name=self.axis_name, lays=lays, traffic=transport.Traffic()) as context:
       shards, chain_state = self.tx.update(updates, chain_state, _shards(params, lays, index), **extra_args)
-    whole, traffic = self.gathered(shards, lays, updates)
+    whole, traffic, gather = self.gathered(shards, lays, updates, state.gather, index)
     metrics = {"gather_bytes": traffic.sent, "bytes_on_wire": traffic.sent + context.traffic.sent,
                "received_bytes": traffic.received + context.traffic.received}
+    return whole, self.new_state(state, chain_state, metrics, gather)
+
+  def new_state(self, state: ShardedOptimizerState, chain_state: Any, metrics: dict, gather) -> ShardedOptimizerState:
+    """The chain's new state split as ``state`` is (replicated, per shard), with this update's counters."""
     replicated = _like(state.replicated, chain_state, lambda r, x: r if isinstance(r, optax.MaskedNode) else x)
     local = _like(state.replicated, chain_state, lambda r, x: x if isinstance(r, optax.MaskedNode) else optax.MaskedNode())
-    local = core.ShardLocal(local, {k: v.traced() for k, v in metrics.items()})
-    return whole, ShardedOptimizerState(replicated, local)
+    return ShardedOptimizerState(replicated, core.ShardLocal(local, {k: v.traced() for k, v in metrics.items()}), gather)
 
-  def gathered(self, shards: Any, lays: list, like: Any) -> tuple[Any, transport.Traffic]:
-    """Every worker's update chunks, gathered in float and laid back whole (messages through the transport)."""
+  def gathered(self, shards: Any, lays: list, like: Any, gather: Optional[GatherState], index: Any):
+    """Every worker's update chunks, gathered and laid back whole (messages through the transport).
+
+    Returns ``(whole updates, traffic, the gather's new state)``.
+    """
     leaves, treedef = jax.tree.flatten(shards)
     shapes = [jnp.shape(a) for a in jax.tree.leaves(like)]
-    steps = [_gather_steps(u, lay, shape) if lay is not None else u for u, lay, shape in zip(leaves, lays, shapes)]
+    if gather is None:
+      steps = [u if lay is None else _gather_steps(u, lay, shape) for u, lay, shape in zip(leaves, lays, shapes)]
+    else:
+      for lay in lays:
+        if lay is not None:
+          scatter.check_compressor(self.gather, lay, self.align)
+      step_key, next_key = jax.random.split(gather.key)
+      residuals = treedef.flatten_up_to(gather.local.residual)
+      keys = [jax.random.fold_in(jax.random.fold_in(step_key, i), index) for i in range(len(leaves))]
+      steps = [u if lay is None else _encoded_gather_steps(self.gather, u, r, k, lay, shape)
+               for u, r, k, lay, shape in zip(leaves, residuals, keys, lays, shapes)]
     results, traffic = buckets.run(steps, [4 * core.size_of(s) for s in shapes], self.bucket_bytes, self.axis_name)
     total = transport.Traffic()
     for t in traffic:
       total += t
-    return treedef.unflatten(results), total
+    if gather is None:
+      return treedef.unflatten(results), total, None
+    kept = [r if lay is None else out[1] for r, out, lay in zip(residuals, results, lays)]
+    results = [out if lay is None else out[0] for out, lay in zip(results, lays)]
+    return treedef.unflatten(results), total, GatherState(next_key, core.ShardLocal(treedef.unflatten(kept), {}))
 
 
 # -- transforms that look across tensors, made to see the whole of them ------------------------------
@@ -246,6 +301,17 @@ def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
 def _gather_steps(u: jax.Array, lay: two_phase.Split, shape: tuple[int, ...]):
   rows = yield core.Message("gather", u)
   return scatter.whole(rows, lay, shape)
+
+
+def _encoded_gather_steps(codec: core.Compressor, u: jax.Array, residual: jax.Array, key: jax.Array,
+                          lay: two_phase.Split, shape: tuple[int, ...]):
+  """A chunk of the update plus its residual encoded, every worker's gathered and decoded: ``(whole, residual)``."""
+  y = u.astype(jnp.float32) + residual
+  payload = codec.encode(y, key, codec.agree(y))  # one encoder a chunk: its own scalars, no agreement round
+  size = codec.encoded_bytes(payload, (lay.chunk,))
+  rows = yield core.Message("gather", payload, encoded=None if size is None else jnp.asarray(size, jnp.uint32))
+  decoded = jax.vmap(lambda p: codec.decode(p, (lay.chunk,)))(rows)
+  return scatter.whole(decoded, lay, shape).astype(u.dtype), y - codec.decode(payload, (lay.chunk,))
 
 
 def _shards(params: Any, lays: list, index: Any) -> Any:

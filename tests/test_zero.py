@@ -180,3 +180,21 @@ def test_optimizers_that_look_across_a_tensor_are_refused_by_name(name):
   tx = jaxcomp.shard_optimizer(_chain("none", opt), axis_name="workers", num_workers=N, align=ALIGN)
   with pytest.raises(ValueError, match="looks across a tensor"):
     tx.init(PARAMS)
+
+
+def test_int8_gather_keeps_replicas_identical_and_conserves_the_updates():
+  """gather=Int8(): c + 4 bytes a chunk; sum of applied updates + the residuals = sum of the chain's updates."""
+  chain = lambda: _chain("none", optax.sgd(1.0))
+  steps = 3
+  tx = jaxcomp.shard_optimizer(chain(), axis_name="workers", num_workers=N, align=ALIGN, gather=jaxcomp.Int8())
+  params, state, updates = _run(tx, steps=steps)
+  for u in jax.tree.leaves(updates):
+    np.testing.assert_array_equal(u, jnp.broadcast_to(u[0], u.shape))
+  assert int(jaxcomp.metrics(state)["gather_bytes"]) == (400 + 4) + (320 + 4)
+  # every step's chain update is -mean(grads) (the same grads each step): what was applied plus what the
+  # residuals hold is steps times that, per cut tensor
+  for key, lay in (("w", scatter.split(1500, N, ALIGN)), ("v", scatter.split(1201, N, ALIGN))):
+    held = scatter.whole(state.gather.local.residual[key], lay, PARAMS[key].shape)
+    np.testing.assert_allclose(params[key] - PARAMS[key] + held, -steps * jnp.mean(GRADS[key], axis=0),
+                               rtol=1e-5, atol=1e-5)
+  assert float(jnp.max(jnp.abs(state.gather.local.residual["w"]))) > 0  # the codec did lose something
