@@ -37,23 +37,28 @@ def _grads(worker):
   return jax.tree.map(lambda p: jax.random.normal(jax.random.fold_in(key, p.size), p.shape), PARAMS)
 
 
-def run(tx, steps: int = 3):
-  grads = jax.vmap(_grads)(jnp.arange(WORKERS))
-  state = parallel.replicate_workers(tx.init(PARAMS), WORKERS)
+def run(tx, params=None, grads=None, steps: int = 3):
+  """``steps`` updates of ``tx`` over ``vmap``-simulated workers (one row of ``grads`` each, the same every step).
+
+  Returns the parameters, the state (laid over the workers) and the last updates (a row per worker).
+  """
+  params = PARAMS if params is None else params
+  grads = jax.vmap(_grads)(jnp.arange(WORKERS)) if grads is None else grads
+  workers = jax.tree.leaves(grads)[0].shape[0]
+  state = parallel.replicate_workers(tx.init(params), workers)
   axes = parallel.worker_axes(state)
   update = jax.jit(jax.vmap(tx.update, in_axes=(0, axes, None), out_axes=(0, axes), axis_name="workers"))
-  params = PARAMS
   for _ in range(steps):
     updates, state = update(grads, state, params)
     params = optax.apply_updates(params, jax.tree.map(lambda u: u[0], updates))
-  return params
+  return params, state, updates
 
 
 def compare(name: str) -> dict:
   make = lambda: optax.chain(jaxcomp.get_transform("none", axis_name="workers"), getattr(optax, name)(1e-2))
   try:
-    replicated = run(make())
-    sharded = run(jaxcomp.shard_optimizer(make(), axis_name="workers", num_workers=WORKERS, align=40))
+    replicated = run(make())[0]
+    sharded = run(jaxcomp.shard_optimizer(make(), axis_name="workers", num_workers=WORKERS, align=40))[0]
   except Exception as e:  # pylint: disable=broad-except
     return {"optimizer": name, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"}
   scale = max(float(jnp.max(jnp.abs(p))) for p in jax.tree.leaves(replicated))

@@ -20,6 +20,7 @@ import pytest
 from jax.sharding import Mesh
 
 import jaxcomp
+from benchmarks import zero_optimizers
 from jaxcomp import parallel
 from jaxcomp.exchange import scatter
 
@@ -38,14 +39,7 @@ GRADS = jax.vmap(_grads)(jnp.arange(N))
 
 def _run(tx, steps=3):
   """``steps`` updates over ``N`` vmap-simulated workers: the parameters, the state, the last updates."""
-  state = parallel.replicate_workers(tx.init(PARAMS), N)
-  axes = parallel.worker_axes(state)
-  update = jax.jit(jax.vmap(tx.update, in_axes=(0, axes, None), out_axes=(0, axes), axis_name="workers"))
-  params = PARAMS
-  for _ in range(steps):
-    updates, state = update(GRADS, state, params)
-    params = optax.apply_updates(params, jax.tree.map(lambda u: u[0], updates))
-  return params, state, updates
+  return zero_optimizers.run(tx, PARAMS, GRADS, steps)
 
 
 def _chain(name, opt):
