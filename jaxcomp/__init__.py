@@ -50,6 +50,7 @@ from jaxcomp.compressors.dgc import DGC, dgc, dgc_warmup_schedule
 from jaxcomp.compressors.half import Half, half
 from jaxcomp.compressors.randomk import RandomK, randomk
 from jaxcomp.compressors.natural import Natural, natural
+from jaxcomp.compressors.fp4 import FP4, fp4
 from jaxcomp.count import Count
 from jaxcomp.data_parallel import DataParallel, data_parallel
 from jaxcomp.metrics import metrics
@@ -96,6 +97,7 @@ __all__ = [
     "half",
     "randomk",
     "natural",
+    "fp4",
     "local_steps",
     "diloco",
     "local_params",
@@ -120,6 +122,7 @@ __all__ = [
     "Half",
     "RandomK",
     "Natural",
+    "FP4",
     # the registry experiment configs pick compressors from
     "REGISTRY",
     "get_transform",

@@ -37,6 +37,7 @@ from jaxcomp.compressors.dgc import DGC, dgc
 from jaxcomp.compressors.half import Half, half
 from jaxcomp.compressors.randomk import RandomK, randomk
 from jaxcomp.compressors.natural import Natural, natural
+from jaxcomp.compressors.fp4 import FP4, fp4
 
 
 @hyperparams.factory()
@@ -67,6 +68,7 @@ REGISTRY: dict[str, Callable[..., optax.GradientTransformationExtraArgs]] = {
     "half": half,
     "randomk": randomk,
     "natural": natural,
+    "fp4": fp4,
 }
 
 
