@@ -51,6 +51,7 @@ from jaxcomp.compressors.half import Half, half
 from jaxcomp.compressors.randomk import RandomK, randomk
 from jaxcomp.compressors.natural import Natural, natural
 from jaxcomp.compressors.fp4 import FP4, fp4
+from jaxcomp.compressors.demo import DCTTopK, demo
 from jaxcomp.count import Count
 from jaxcomp.data_parallel import DataParallel, data_parallel
 from jaxcomp.metrics import metrics
@@ -103,6 +104,7 @@ __all__ = [
     "local_params",
     "DiLoCoState",
     "onebit_adam",
+    "demo",
     # ... and their per-tensor compressors (jaxcomp.core.Compressor subclasses)
     "TernGrad",
     "QSGD",
@@ -123,6 +125,7 @@ __all__ = [
     "RandomK",
     "Natural",
     "FP4",
+    "DCTTopK",
     # the registry experiment configs pick compressors from
     "REGISTRY",
     "get_transform",

@@ -19,13 +19,22 @@ def test_every_registered_compressor_has_a_row_and_diloco_its_four():
   rows = zoo_gpt.registered()
   assert {zoo_gpt.compressor_of(n) for n in rows} == set(jaxcomp.names())
   diloco = {n: zoo_gpt.SETTINGS[n]["kwargs"] for n in rows if zoo_gpt.compressor_of(n) == "diloco"}
-  assert sorted((k["inner_steps"], k.get("exchange", "float32")) for k in diloco.values()) == [
+  plain = {n: k for n, k in diloco.items() if "fragments" not in k}
+  assert sorted((k["inner_steps"], k.get("exchange", "float32")) for k in plain.values()) == [
       (10, "float32"), (10, "int8"), (50, "float32"), (50, "int8")]
+  streaming = sorted((k["inner_steps"], str(k["fragments"]), k["delay"], k.get("exchange", "float32"))
+                     for n, k in diloco.items() if n not in plain)
+  grid = sorted((h, str(f), tau, ex) for h in (10, 50) for f in (1, 4, "tensors") for tau in (0, 1, 5)
+                for ex in ("float32", "fp4") if (f, tau, ex) != (1, 0, "float32") and (f != "tensors" or h == 50))
+  assert streaming == grid  # F = 1, τ = 0, float32 is the plain row
+  assert {n: zoo_gpt.SETTINGS[n]["kwargs"] for n in rows if zoo_gpt.compressor_of(n) == "demo"} == {
+      "demo": {}, "demo.k8": {"k": 8}}
   assert len(zoo_gpt.get_sweep()) == len(rows) * len(zoo_gpt.SEEDS) and len(zoo_gpt.SEEDS) == 3
 
 
 def test_adamw_after_every_exchange_but_one_bit_adams():
-  """One optimizer rule: the recipe's AdamW, except 1-bit Adam (Adam's own eps, no clip after it)."""
+  """One optimizer rule: the recipe's AdamW, except 1-bit Adam (Adam's own eps, no clip after it) and
+  DeMo (plain SGD after it, no clip), which are the optimizer."""
   base = zoo_gpt.get_config()
   assert (base.optimizer, base.dataset, base.model) == ("adamw", "gcide", "gpt")
   for name in zoo_gpt.registered():
@@ -34,6 +43,9 @@ def test_adamw_after_every_exchange_but_one_bit_adams():
       assert (o["optimizer"], o["grad_clip_norm"]) == ("sgd", 0.0)
       assert o["compressor_kwargs"]["eps"] == inspect.signature(optax.adam).parameters["eps"].default
       assert o["compressor_kwargs"]["b2"] == base.adam_b2
+      continue
+    if zoo_gpt.compressor_of(name) == "demo":  # DeMo is the optimizer too: SGD applies the schedule
+      assert (o["optimizer"], o["grad_clip_norm"]) == ("sgd", 0.0) and "learning_rate" not in o
       continue
     assert "optimizer" not in o, name
     if "diagnosis" in zoo_gpt.SETTINGS[name]:  # a labelled row: its diagnosis run's one change
@@ -58,7 +70,7 @@ def test_each_row_builds_its_chain(name):
   for key, value in zoo_gpt.overrides(name, 0).items():
     setattr(c, key, ml_collections.ConfigDict(value) if isinstance(value, dict) else value)
   tx = optimizers.make_tx(c, None)
-  assert tx.init({"w": jax_zeros((4, 3))}) is not None
+  assert tx.init({k: jax_zeros((4, 3)) for k in "abcdef"}) is not None  # tensors enough for 4 fragments
 
 
 def jax_zeros(shape):
