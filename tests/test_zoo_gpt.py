@@ -108,26 +108,29 @@ def test_wire_bytes_counts_the_wrappers():
   assert train_step_link.period("diloco", {}) == 500 and train_step_link.period("terngrad", {"k": 2}) == 1
 
 
-def _fake_run(workdir, bits, unigram=4.876):
+def _fake_run(workdir, bits, unigram=4.876, peak=None):
   os.makedirs(workdir)
   with open(os.path.join(workdir, "summary.json"), "w") as f:
     json.dump({"test_bits_per_byte": bits, "test_accuracy": 0.3, "mean_bytes_on_wire": 1000.0,
                "float32_bytes": 482304.0, "steps": 1000, "seed": 0, "train_time_sec": 30.0,
                "wall_time_sec": 40.0, "final_train_loss": 2.0, "parameters": 120576, "corpus": "GCIDE",
                "corpus_license": "GPL-2.0-or-later", "train_bytes": 10, "test_bytes": 5,
-               "unigram_held_out_bits_per_byte": unigram}, f)
+               "unigram_held_out_bits_per_byte": unigram,
+               **({"peak_bytes_on_wire": peak} if peak is not None else {})}, f)
 
 
 def test_report_section_ranks_by_bits_per_byte(tmp_path):
   z = zoo.Zoo("configs/zoo_gpt.py", str(tmp_path))
-  _fake_run(os.path.join(z.runs_dir, "none", "seed0"), 2.9)
-  _fake_run(os.path.join(z.runs_dir, "none", "seed1"), 3.0)
+  _fake_run(os.path.join(z.runs_dir, "none", "seed0"), 2.9, peak=482304.0)
+  _fake_run(os.path.join(z.runs_dir, "none", "seed1"), 3.0, peak=482304.0)
   _fake_run(os.path.join(z.runs_dir, "onebit_adam", "seed0"), 5.2)
   out = tmp_path / "zoo.md"
   text = zoo.report([z], str(out), str(tmp_path / "zoo.png"))
   cells = table(text, "compressor", "held-out bits per byte")
   assert number(row(cells, compressor="`none`")["held-out bits per byte"]) == 2.95
   assert row(cells, compressor="`none`")["spread over seeds"] == "± 0.071 (2.900–3.000)"
+  assert row(cells, compressor="`none`")["largest step / worker"] == "0.482 MB"  # the runs' peak_bytes_on_wire
+  assert row(cells, compressor="`onebit_adam`")["largest step / worker"] == "not measured"  # a run without it
   assert row(cells, compressor="`diloco.h50`")["held-out bits per byte"] == "not measured"
   assert "encode+decode (vs float32 copy)" not in cells[0]  # no throughput column for this zoo
   assert "`onebit_adam` seed 0: 5.200 bits per byte (unigram 4.876)" in text
