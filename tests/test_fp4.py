@@ -44,7 +44,7 @@ def test_rounds_to_the_nearest_level_ties_up_and_small_values_to_zero():
 
 def test_packing_two_values_a_byte_and_the_bytes():
   c = jaxcomp.FP4()
-  for n in (1, 2, 7, 10):
+  for n in (1, 8, 7):
     x = jnp.arange(1, n + 1, dtype=jnp.float32) * (-1) ** jnp.arange(n)
     p = c.encode(x, None, None)
     assert p.codes.dtype == jnp.uint8 and p.codes.shape == (math.ceil(n / 2),)

@@ -289,7 +289,8 @@ def diloco(
   def init_fn(params):
     frags = _Fragments(params, fragments, fragment_pattern)
     if frags.count > h:
-      raise ValueError(f"{frags.count} fragments need inner_steps >= {frags.count}: a fragment sends at a step of its own.")
+      raise ValueError(f"{frags.count} fragments need inner_steps >= {frags.count}: a fragment sends at a step "
+                       "of its own.")
     zeros = jax.tree.map(lambda p: jnp.zeros(jnp.shape(p), jnp.float32), params)
     parts = [frags.part(params, p) for p in range(frags.count)]
     return DiLoCoState(
@@ -397,8 +398,9 @@ class _Sync:
         out, offset_p, _, outer_state = self._outer(p, pseudo, averaged, reset)(offset_p, (), outer_state)
         return out, offset_p, ex_state, outer_state
 
-      (upd, norms), off, ex_state, outer_state = local_steps_lib.on_step(
-          pred, step, (self.frags.part(offset, p), _fragment(state.exchange, p, self.frags.count), _fragment(state.outer, p, self.frags.count)))
+      operands = (self.frags.part(offset, p), _fragment(state.exchange, p, self.frags.count),
+                  _fragment(state.outer, p, self.frags.count))
+      (upd, norms), off, ex_state, outer_state = local_steps_lib.on_step(pred, step, operands)
       results.append((upd, norms, off))
       ex_states.append(ex_state)
       outer_states.append(outer_state)
@@ -418,9 +420,11 @@ class _Sync:
       s = send_step(p, self.frags.count, self.h)
       due = jnp.logical_and(state.inner_step == (s + delay) % self.h, sent[p])
       pseudo = self._pseudo(self.frags.part(pending, p), p)
-      averaged, _, ex_state, _ = local_steps_lib.on_step(due, self._exchange(p), (pseudo, _fragment(state.exchange, p, self.frags.count), ()))
+      ex_state = _fragment(state.exchange, p, self.frags.count)
+      averaged, _, ex_state, _ = local_steps_lib.on_step(due, self._exchange(p), (pseudo, ex_state, ()))
       (upd, norms), off, _, outer_state = local_steps_lib.on_step(
-          due, self._outer(p, pseudo, averaged, merge), (self.frags.part(offset, p), (), _fragment(state.outer, p, self.frags.count)))
+          due, self._outer(p, pseudo, averaged, merge),
+          (self.frags.part(offset, p), (), _fragment(state.outer, p, self.frags.count)))
       results.append((upd, norms, off))
       ex_states.append(ex_state)
       outer_states.append(outer_state)
