@@ -105,6 +105,8 @@ def test_wire_bytes_counts_the_wrappers():
   assert train_step_link.wire_bytes(zoo_gpt.LINK_CONFIG, "local_steps:k=2", 2) == full / 2
   assert train_step_link.wire_bytes(zoo_gpt.LINK_CONFIG, "diloco:inner_steps=10", 2) == full / 10
   assert train_step_link.wire_bytes(zoo_gpt.LINK_CONFIG, "diloco:inner_steps=3:exchange='int8'", 2) == int8 / 3
+  # Streaming DiLoCo: the fragments' exchanges spread over the period, the model once in it.
+  assert train_step_link.wire_bytes(zoo_gpt.LINK_CONFIG, "diloco:inner_steps=10:fragments=4:delay=1", 2) == full / 10
   assert train_step_link.period("diloco", {}) == 500 and train_step_link.period("terngrad", {"k": 2}) == 1
 
 
