@@ -39,7 +39,12 @@ Decisions (tested in ``tests/test_demo.py``):
 * **Ties** in the top-k go to the lower index (``lax.top_k``); an all-zero chunk sends ``k``
   zeros, which decode to nothing.
 * **The mean** ``Q`` is taken over the coefficients (every worker's sparse coefficients added,
-  divided by ``N``, one inverse DCT), equal to the mean of the decoded ``q`` by linearity.
+  divided by ``N``, one inverse DCT), equal to the mean of the decoded ``q`` by linearity. The
+  authors' code averages each coefficient over the workers that sent it
+  (``scatter_reduce(..., "mean", include_self=False)``): a positive factor per coefficient, so
+  with the sign the update is the same; ``sign=False`` differs there.
+* **The momentum** is Alg. 1's ``β·m + g``; the authors' code adds ``lr·g``, which for a constant
+  learning rate scales every term alike (the same top-k, the same signs).
 * **The sign** of an exactly zero ``Q`` entry is 0 (``jnp.sign``).
 * The learning rate is applied after: :func:`demo` chains ``optax.scale_by_learning_rate``;
   from a config (``config.compressor = "demo"``) the config's optimizer must only scale
