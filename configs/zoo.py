@@ -185,6 +185,14 @@ SETTINGS: dict[str, dict] = {
     # the same magnitude (its RMS), so a coordinate whose frozen variance is near 0 moves by about
     # RMS/eps. With 1e-8, LeNet's loss is NaN within 20 steps of the freeze (at freeze_step 30 and
     # 100 alike); with 1e-4 it trains (seed 0: 82.1%).
+    "fp4": {"kwargs": {},
+            "paper": "4-bit E3M0 floats with a per-tensor scale (Streaming DiLoCo, arXiv:2501.18512, §2.4's "
+                     "outer-gradient format), on the gradients, no error feedback"},
+    "demo": {"kwargs": {}, "config": {"optimizer": "sgd", "learning_rate": SIGN_LR},
+             "paper": "DeMo (Peng et al., arXiv:2411.19870) Alg. 1 at the authors' defaults: each worker's "
+                      "momentum (β 0.999), the top 32 DCT coefficients of each 64x64 chunk on the wire, what was "
+                      "sent subtracted, the sign of the mean; it is the optimizer (plain SGD with LR 1e-3, "
+                      "SIGN_LR, after it)"},
     "onebit_adam": {"kwargs": {"freeze_step": _steps_fraction(0.15), "eps": 1e-4},
                     "timing": {"freeze_step": 1},
                     "config": {"optimizer": "sgd", "learning_rate": 1e-3},

@@ -71,6 +71,25 @@ METRIC = "test_bits_per_byte"
 DILOCO = {f"diloco.h{h}{'_int8' if ex else ''}": {"inner_steps": h, **({"exchange": ex} if ex else {})}
           for h in (10, 50) for ex in (None, "int8")}
 
+# Streaming DiLoCo's rows (arXiv:2501.18512, Alg. 2): H inner AdamW steps, F fragments whose sends
+# are staggered over them, each fragment's outer step τ inner steps after its send (the workers'
+# fragments merged with α = 0.5), float32 or 4-bit E3M0 outer gradients. H = 50 and H = 10 (the
+# best H of DiLoCo's sweep, DILOCO_FINDING); one fragment a tensor only at H = 50 (the GPT has 28
+# tensors and a fragment sends at a step of its own). F = 1, τ = 0 in float32 is diloco.h<H>.
+STREAMING_H = (10, 50)
+STREAMING_FRAGMENTS = (1, 4, "tensors")
+STREAMING_DELAYS = (0, 1, 5)
+STREAMING = {
+    f"diloco.h{h}.f{f}.t{tau}{'_fp4' if ex else ''}": {
+        "inner_steps": h, "fragments": f, "delay": tau, **({"exchange": ex} if ex else {})}
+    for h in STREAMING_H for f in STREAMING_FRAGMENTS for tau in STREAMING_DELAYS for ex in (None, "fp4")
+    if (f, tau, ex) != (1, 0, None) and not (f == "tensors" and h < 50)}
+
+# DeMo's rows (arXiv:2411.19870): the authors' defaults (top 32 of each 64x64 chunk's DCT) and a
+# tighter k. DeMo is the optimizer: plain SGD after it applies the recipe's schedule to its signs,
+# and no clipping after it (it would act on the signs), as for 1-bit Adam.
+DEMO = {"demo": {}, "demo.k8": {"k": 8}}
+
 
 # The vision zoo's "paper" texts that name the optimizer LeNet ran with: here it is AdamW.
 METHODS = {
@@ -224,7 +243,7 @@ def _row(name: str) -> dict:
 
 def _settings() -> dict[str, dict]:
   rows = {name: _row(name) for name, row in zoo.SETTINGS.items()
-          if "compressor" not in row and name not in ("diloco", "dgc", "onebit_adam")}
+          if "compressor" not in row and name not in ("diloco", "dgc", "onebit_adam", "demo")}
   rows["dgc"] = {**_row("dgc"), "kwargs": {**zoo.SETTINGS["dgc"]["kwargs"],
                                            "warmup_steps": max(1, round(0.05 * STEPS))}}
   rows["onebit_adam"] = {
@@ -241,6 +260,8 @@ def _settings() -> dict[str, dict]:
                  + ("8-bit int pseudo-gradients with error feedback (as Streaming DiLoCo, arXiv:2501.18512)"
                     if "exchange" in kwargs else "float32 pseudo-gradients")
                  + ", outer SGD with Nesterov momentum 0.9, LR 0.7"}
+  rows.update(_streaming_rows())
+  rows.update(_demo_rows())
   for name, text in FINDINGS.items():
     rows[name] = {**rows[name], "finding": text}
   out = {}
@@ -249,6 +270,32 @@ def _settings() -> dict[str, dict]:
     out.update({label: _labelled(label, run, rows[name]) for label, run in LABELLED.items()
                 if run.split("/")[0] == name})
   return out
+
+
+def _streaming_rows() -> dict[str, dict]:
+  """Streaming DiLoCo's rows (:data:`STREAMING`)."""
+  rows = {}
+  for name, kwargs in STREAMING.items():
+    frags = "one a tensor" if kwargs["fragments"] == "tensors" else kwargs["fragments"]
+    rows[name] = {
+        "compressor": "diloco", "kwargs": kwargs,
+        "paper": f"Streaming DiLoCo (Douillard et al., arXiv:2501.18512) Alg. 2: H = {kwargs['inner_steps']} AdamW "
+                 f"steps, fragments: {frags}, outer step τ = {kwargs['delay']} steps after the send (merge "
+                 "α = 0.5), " + ("4-bit E3M0" if "exchange" in kwargs else "float32") + " outer gradients, "
+                 "outer SGD with Nesterov momentum 0.9, LR 0.7"}
+  return rows
+
+
+def _demo_rows() -> dict[str, dict]:
+  """DeMo's rows (:data:`DEMO`)."""
+  return {name: {
+      **({"compressor": "demo"} if name != "demo" else {}), "kwargs": kwargs,
+      "config": {"optimizer": "sgd", "grad_clip_norm": 0.0},
+      "paper": f"DeMo (Peng et al., arXiv:2411.19870) Alg. 1: each worker's momentum (β 0.999), the top "
+               f"{kwargs.get('k', 32)} DCT coefficients of each 64x64 chunk on the wire, what was sent subtracted, "
+               "the sign of the mean; it is the optimizer (plain SGD after it applies the recipe's schedule, no "
+               "clipping after it)" + ("" if name == "demo" else "; k tighter than the authors' 32")}
+      for name, kwargs in DEMO.items()}
 
 
 def _labelled(name: str, run: str, row: dict) -> dict:

@@ -173,6 +173,8 @@ class _Log:
       fetched = jax.device_get(self.pending)
       now = time.time()
       row = {k: float(np.mean([f[k] for f in fetched])) for k in fetched[0]}
+      if "bytes_on_wire" in row:  # a step's exchange, not a mean: Streaming DiLoCo's claim is about the peak
+        row["peak_bytes_on_wire"] = float(max(np.max(f["bytes_on_wire"]) for f in fetched))
       lr_step = int((step - 1) * optimizers.updates_per_step(self.run.config))
       row.update(step=step, split="train", learning_rate=float(self.run.schedule(lr_step)),
                  steps_per_sec=len(fetched) / max(now - self.t_interval, 1e-9),

@@ -40,6 +40,7 @@ CSV_DOC = {
     "bits_per_byte": "language models, test rows: the held-out loss in bits per byte (loss / ln 2)",
     "learning_rate": "learning rate of the last step",
     "bytes_on_wire": "bytes one worker handed to collectives per step (jaxcomp.metrics)",
+    "peak_bytes_on_wire": "train rows: the largest bytes_on_wire of one step in the interval",
     "float32_bytes": "the same gradients as float32",
     "compression_ratio": "float32_bytes / bytes_on_wire",
     "encoded_bytes": "as bytes_on_wire, with exact variable-length encoding sizes",
@@ -168,6 +169,7 @@ def _summary(run: Run, start: Start, end: End, timing: dict[str, float]) -> dict
       **{k: last_train.get(k) for k in ("bytes_on_wire", "float32_bytes", "compression_ratio",
                                         "compressed_ratio", "float_bytes", "encoded_bytes")},
       "mean_bytes_on_wire": mean("bytes_on_wire"),
+      "peak_bytes_on_wire": peak_bytes(history),
       "mean_encoded_bytes": mean("encoded_bytes"),
       "final_train_loss": last_train.get("loss"),
       "wall_time_sec": end.wall_time,
@@ -179,6 +181,16 @@ def _summary(run: Run, start: Start, end: End, timing: dict[str, float]) -> dict
       "backend": jax.default_backend(),
       "git_commit": _git_commit(),
   }
+
+
+def peak_bytes(history: list[dict[str, float]]) -> Optional[float]:
+  """The largest ``bytes_on_wire`` one worker handed to the collectives in one step of the run.
+
+  Read off the train rows' ``peak_bytes_on_wire`` (each its interval's largest step, from the
+  transport's per-step counts); ``None`` if a row lacks it (a run from before the column).
+  """
+  peaks = [h.get("peak_bytes_on_wire") for h in history]
+  return max(peaks) if peaks and None not in peaks else None
 
 
 class CsvWriter:

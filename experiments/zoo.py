@@ -346,10 +346,12 @@ def accuracy_cells(summaries: list[dict], metric: Metric = METRICS["test_accurac
   default), bytes per step."""
   accs = [metric.scale * s[metric.key] for s in summaries]
   wire = statistics.mean(s["mean_bytes_on_wire"] for s in summaries)
+  peaks = [s.get("peak_bytes_on_wire") for s in summaries]  # runs from before the column have none
   floats = statistics.mean(s["float32_bytes"] for s in summaries)
   return {"seeds": len(accs), "mean": statistics.mean(accs),
           "sd": statistics.stdev(accs) if len(accs) > 1 else None, "min": min(accs), "max": max(accs),
           "bytes": wire, "ratio": floats / wire if wire else math.inf,
+          "peak": max(peaks) if None not in peaks else None,
           "steps": summaries[0]["steps"], "train_s": statistics.mean(s["train_time_sec"] for s in summaries),
           "wall_s": statistics.mean(s["wall_time_sec"] for s in summaries)}
 
@@ -421,17 +423,18 @@ def table(zoo: Zoo, rs: list[dict]) -> list[str]:
   """The zoo's table; the encode+decode column where the zoo times throughput."""
   thr = bool(zoo.module.THROUGHPUT_SIZE)
   lines = [f"| compressor | settings | {zoo.metric.column} | spread over seeds | bytes / worker / step | "
-           "ratio to float | " + ("encode+decode (vs float32 copy) | " if thr else "")
+           "largest step / worker | ratio to float | " + ("encode+decode (vs float32 copy) | " if thr else "")
            + "step over link (s) | speedup | settings from |",
-           "|---|---|---:|---|---:|---:|" + ("---:|" if thr else "") + "---:|---:|---|"]
+           "|---|---|---:|---|---:|---:|---:|" + ("---:|" if thr else "") + "---:|---:|---|"]
   for r in rs:
     acc, spread = _acc_text(r["acc"], zoo.metric.digits)
     wire = _fmt_bytes(r["acc"]["bytes"]) if r["acc"] else NOT_MEASURED
+    peak = _fmt_bytes(r["acc"]["peak"]) if r["acc"] and r["acc"]["peak"] is not None else NOT_MEASURED
     ratio = f"{r['acc']['ratio']:.1f}×" if r["acc"] else NOT_MEASURED
     link = f"{r['link_s']:.3f}" if r["link_s"] is not None else NOT_MEASURED
     speed = f"{r['link_speedup']:.2f}×" if r["link_speedup"] else "—"
     encode = f"{_throughput_text(zoo.compressor(r['name']), r['throughput'])} | " if thr else ""
-    lines.append(f"| `{r['name']}` | {r['settings']} | {acc} | {spread} | {wire} | {ratio} | "
+    lines.append(f"| `{r['name']}` | {r['settings']} | {acc} | {spread} | {wire} | {peak} | {ratio} | "
                  f"{encode}{link} | {speed} | {r['paper']} |")
   return lines
 
@@ -550,7 +553,9 @@ def _vision_section(zoo: Zoo, out: str, plot_path: str) -> list[str]:
       "",
       "**Columns.** Test accuracy: mean over the seeds; spread: sample standard deviation and "
       "min–max. Bytes: what one worker sends per step (`mean_bytes_on_wire` of the run, averaged "
-      "over its steps, so `local_steps` counts its silent steps); ratio: float32 bytes over those. "
+      "over its steps, so `local_steps` counts its silent steps); largest step: the most one worker sent "
+      "in one step of the run (`peak_bytes_on_wire`, the largest of the transport's per-step counts; the "
+      "max over seeds); ratio: float32 bytes over the mean. "
       f"Encode+decode: million values per second on one {thr_size} float32 matrix (1024 columns) and, in "
       "brackets, that as a fraction of a float32 copy's speed measured side by side "
       "(`benchmarks.compressors`, with the zoo's settings, warm-ups ended). Step over link: median time of a whole "
@@ -613,7 +618,9 @@ def _language_section(zoo: Zoo, out: str, plot_path: str) -> list[str]:
       "runs (below).", "",
       "**Columns.** Bits per byte: mean over the seeds (lower is better); spread: sample standard "
       "deviation and min–max. Bytes: what one worker sends per step, averaged over the run's steps, so "
-      "`local_steps` and DiLoCo count their silent steps; ratio: float32 bytes over those. Step over link: "
+      "`local_steps` and DiLoCo count their silent steps; largest step: the most one worker sent in one "
+      "step of the run (`peak_bytes_on_wire`; Streaming DiLoCo's fragments lower it, not the mean); ratio: "
+      "float32 bytes over the mean. Step over link: "
       f"the mean of {m.LINK_TIMED_STEPS} whole training steps at {m.LINK_PROCESSES} processes, one worker "
       f"each (the same total batch), over an emulated {m.LINK_RATE} link (`benchmarks.train_step_link`, "
       "warm-ups ended before the timed steps): a mean rather than a median, over whole DiLoCo periods, "

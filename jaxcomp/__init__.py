@@ -50,6 +50,8 @@ from jaxcomp.compressors.dgc import DGC, dgc, dgc_warmup_schedule
 from jaxcomp.compressors.half import Half, half
 from jaxcomp.compressors.randomk import RandomK, randomk
 from jaxcomp.compressors.natural import Natural, natural
+from jaxcomp.compressors.fp4 import FP4, fp4
+from jaxcomp.compressors.demo import DCTTopK, demo
 from jaxcomp.count import Count
 from jaxcomp.data_parallel import DataParallel, data_parallel
 from jaxcomp.metrics import metrics
@@ -102,11 +104,13 @@ __all__ = [
     "half",
     "randomk",
     "natural",
+    "fp4",
     "local_steps",
     "diloco",
     "local_params",
     "DiLoCoState",
     "onebit_adam",
+    "demo",
     # ... and their per-tensor compressors (jaxcomp.core.Compressor subclasses)
     "TernGrad",
     "QSGD",
@@ -126,6 +130,8 @@ __all__ = [
     "Half",
     "RandomK",
     "Natural",
+    "FP4",
+    "DCTTopK",
     # the registry experiment configs pick compressors from
     "REGISTRY",
     "get_transform",

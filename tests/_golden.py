@@ -101,7 +101,10 @@ WRAPPERS: dict[str, Callable[..., optax.GradientTransformation]] = {
     "local_steps": lambda axis: jaxcomp.local_steps(optax.sgd(0.1, momentum=0.9), k=2, axis_name=axis),
     "diloco": lambda axis: jaxcomp.diloco(optax.adamw(0.01), inner_steps=2, axis_name=axis),
     "diloco_int8": lambda axis: jaxcomp.diloco(optax.adamw(0.01), inner_steps=2, axis_name=axis, exchange="int8"),
+    "diloco_streaming": lambda axis: jaxcomp.diloco(optax.adamw(0.01), inner_steps=2, fragments=2, delay=1,
+                                                    axis_name=axis, exchange="fp4"),
     "onebit_adam": lambda axis: jaxcomp.onebit_adam(0.01, freeze_step=1, axis_name=axis),
+    "demo": lambda axis: jaxcomp.demo(0.01, k=4, chunk=4, axis_name=axis),
     "multi_steps": lambda axis: jaxcomp.multi_steps(
         optax.chain(jaxcomp.terngrad(axis_name=axis), optax.sgd(0.1)), every_k_schedule=2),
     "apply_if_finite": lambda axis: jaxcomp.apply_if_finite(

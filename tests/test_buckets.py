@@ -69,6 +69,8 @@ def _tx(name, axis, bucket_bytes):
     return jaxcomp.make_optimizer("local_steps", optax.sgd(0.1), k=2, exchange="terngrad", **kwargs)
   if name == "onebit_adam":
     return jaxcomp.make_optimizer("onebit_adam", optax.sgd(0.1), freeze_step=1, **kwargs)
+  if name == "demo":
+    return jaxcomp.make_optimizer("demo", optax.sgd(0.1), k=4, chunk=8, **kwargs)
   if name.startswith("two_phase:"):
     base = name.split(":")[1]
     extra = {"capacity": 0.5} if base == "threelc" else {}

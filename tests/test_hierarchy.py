@@ -183,7 +183,7 @@ def test_every_device_of_a_host_draws_its_own_randomness():
   assert len({slices[:, l].tobytes() for l in range(L)}) == L
 
 
-@pytest.mark.parametrize("name", sorted(set(jaxcomp.names()) - {"diloco", "local_steps", "onebit_adam"}))
+@pytest.mark.parametrize("name", sorted(set(jaxcomp.names()) - {"diloco", "local_steps", "onebit_adam", "demo"}))
 def test_every_compressor_runs_hierarchically_with_per_device_counts(name):
   """One step per compressor: every device holds the same update, close to the mean (a loose bound:
   one compressed step), and the counts are a device's: its slices' bytes over "hosts", the float
@@ -283,7 +283,8 @@ def test_two_processes_of_four_devices_give_the_numbers_of_one(tmp_path):
 
 
 @pytest.mark.parametrize("name, kwargs", [("local_steps", {"k": 2}), ("onebit_adam", {"freeze_step": 1}),
-                                          ("diloco", {"inner_steps": 2}), ("terngrad", {"exchange": "two_phase"})])
+                                          ("diloco", {"inner_steps": 2}), ("terngrad", {"exchange": "two_phase"}),
+                                          ("demo", {"k": 4, "chunk": 8})])
 def test_the_optimizer_wrappers_and_two_phase_run_hierarchically(name, kwargs):
   """``within`` passes through the optimizer wrappers to their exchanges, and composes with the
   two-phase exchange: two steps, finite updates, float traffic inside the hosts counted."""

@@ -75,7 +75,7 @@ def test_each_model_trains(run, model):
 
 COMPRESSOR_KWARGS = {"local_steps": {"k": 2}, "onebit_adam": {"freeze_step": 1}}
 # 1-bit Adam is the optimizer: the config's optimizer only applies the learning rate.
-CONFIG_OVERRIDES = {"onebit_adam": {"optimizer": "sgd"}}
+CONFIG_OVERRIDES = {"onebit_adam": {"optimizer": "sgd"}, "demo": {"optimizer": "sgd"}}  # DeMo is one too
 
 
 # DiLoCo trains through experiments.train in tests/test_train_lm.py (its own workload).

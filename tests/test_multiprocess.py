@@ -22,7 +22,8 @@ def _cases():
 
 # The steps whose update is not zero. "wrappers": jaxcomp.multi_steps(k=2) inside
 # jaxcomp.apply_if_finite around a compressed chain, step 2 not finite on worker 1 (skipped).
-@pytest.mark.parametrize("case, moving", [("terngrad", {0, 1}), ("wrappers", {1, 4}), ("diloco", {1, 3})])
+@pytest.mark.parametrize("case, moving", [("terngrad", {0, 1}), ("wrappers", {1, 4}), ("diloco", {1, 3}),
+                                          ("streaming_diloco", {1, 2, 3})])
 @pytest.mark.slow
 def test_two_processes_match_vmap(tmp_path, case, moving):
   outs = run_workers("worker.py", N, tmp_path, args=[case])

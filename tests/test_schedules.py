@@ -51,6 +51,7 @@ INJECTED = {
     "randomk": (jaxcomp.randomk, (), {"capacity": 0.5}, {"fraction": 0.25}),
     "diloco": (jaxcomp.diloco, (optax.sgd(0.1),), {"inner_steps": 1},
                {"outer_learning_rate": 0.5, "outer_momentum": 0.75}),
+    "demo": (jaxcomp.demo, (), {"k": 4, "chunk": 4}, {"learning_rate": 0.125, "decay": 0.75}),
     "onebit_adam": (jaxcomp.onebit_adam, (), {"exchange": "all_gather"},
                     {"learning_rate": 0.125, "b1": 0.75, "b2": 0.875, "eps": 1e-3, "freeze_step": 1}),
 }

@@ -41,6 +41,10 @@ def test_gpt_text_trains_with_diloco_and_reports_bits_per_byte(tmp_path):
   # The float32 pseudo-gradient crosses the wire on every 2nd step only.
   assert s["float32_bytes"] == 4 * s["parameters"]
   assert s["mean_bytes_on_wire"] == pytest.approx(s["float32_bytes"] / 2)
+  # The largest step is the outer step's whole pseudo-gradient, from each row's per-step counts.
+  assert s["peak_bytes_on_wire"] == s["float32_bytes"]
+  train_rows = [r for r in csv.DictReader(open(tmp_path / "metrics.csv")) if r["split"] == "train"]
+  assert [float(r["peak_bytes_on_wire"]) for r in train_rows] == [s["float32_bytes"]] * 2
 
 
 def test_bad_language_model_configs():

@@ -19,13 +19,22 @@ def test_every_registered_compressor_has_a_row_and_diloco_its_four():
   rows = zoo_gpt.registered()
   assert {zoo_gpt.compressor_of(n) for n in rows} == set(jaxcomp.names())
   diloco = {n: zoo_gpt.SETTINGS[n]["kwargs"] for n in rows if zoo_gpt.compressor_of(n) == "diloco"}
-  assert sorted((k["inner_steps"], k.get("exchange", "float32")) for k in diloco.values()) == [
+  plain = {n: k for n, k in diloco.items() if "fragments" not in k}
+  assert sorted((k["inner_steps"], k.get("exchange", "float32")) for k in plain.values()) == [
       (10, "float32"), (10, "int8"), (50, "float32"), (50, "int8")]
+  streaming = sorted((k["inner_steps"], str(k["fragments"]), k["delay"], k.get("exchange", "float32"))
+                     for n, k in diloco.items() if n not in plain)
+  grid = sorted((h, str(f), tau, ex) for h in (10, 50) for f in (1, 4, "tensors") for tau in (0, 1, 5)
+                for ex in ("float32", "fp4") if (f, tau, ex) != (1, 0, "float32") and (f != "tensors" or h == 50))
+  assert streaming == grid  # F = 1, τ = 0, float32 is the plain row
+  assert {n: zoo_gpt.SETTINGS[n]["kwargs"] for n in rows if zoo_gpt.compressor_of(n) == "demo"} == {
+      "demo": {}, "demo.k8": {"k": 8}}
   assert len(zoo_gpt.get_sweep()) == len(rows) * len(zoo_gpt.SEEDS) and len(zoo_gpt.SEEDS) == 3
 
 
 def test_adamw_after_every_exchange_but_one_bit_adams():
-  """One optimizer rule: the recipe's AdamW, except 1-bit Adam (Adam's own eps, no clip after it)."""
+  """One optimizer rule: the recipe's AdamW, except 1-bit Adam (Adam's own eps, no clip after it) and
+  DeMo (plain SGD after it, no clip), which are the optimizer."""
   base = zoo_gpt.get_config()
   assert (base.optimizer, base.dataset, base.model) == ("adamw", "gcide", "gpt")
   for name in zoo_gpt.registered():
@@ -34,6 +43,9 @@ def test_adamw_after_every_exchange_but_one_bit_adams():
       assert (o["optimizer"], o["grad_clip_norm"]) == ("sgd", 0.0)
       assert o["compressor_kwargs"]["eps"] == inspect.signature(optax.adam).parameters["eps"].default
       assert o["compressor_kwargs"]["b2"] == base.adam_b2
+      continue
+    if zoo_gpt.compressor_of(name) == "demo":  # DeMo is the optimizer too: SGD applies the schedule
+      assert (o["optimizer"], o["grad_clip_norm"]) == ("sgd", 0.0) and "learning_rate" not in o
       continue
     assert "optimizer" not in o, name
     if "diagnosis" in zoo_gpt.SETTINGS[name]:  # a labelled row: its diagnosis run's one change
@@ -58,7 +70,7 @@ def test_each_row_builds_its_chain(name):
   for key, value in zoo_gpt.overrides(name, 0).items():
     setattr(c, key, ml_collections.ConfigDict(value) if isinstance(value, dict) else value)
   tx = optimizers.make_tx(c, None)
-  assert tx.init({"w": jax_zeros((4, 3))}) is not None
+  assert tx.init({k: jax_zeros((4, 3)) for k in "abcdef"}) is not None  # tensors enough for 4 fragments
 
 
 def jax_zeros(shape):
@@ -93,29 +105,34 @@ def test_wire_bytes_counts_the_wrappers():
   assert train_step_link.wire_bytes(zoo_gpt.LINK_CONFIG, "local_steps:k=2", 2) == full / 2
   assert train_step_link.wire_bytes(zoo_gpt.LINK_CONFIG, "diloco:inner_steps=10", 2) == full / 10
   assert train_step_link.wire_bytes(zoo_gpt.LINK_CONFIG, "diloco:inner_steps=3:exchange='int8'", 2) == int8 / 3
+  # Streaming DiLoCo: the fragments' exchanges spread over the period, the model once in it.
+  assert train_step_link.wire_bytes(zoo_gpt.LINK_CONFIG, "diloco:inner_steps=10:fragments=4:delay=1", 2) == full / 10
   assert train_step_link.period("diloco", {}) == 500 and train_step_link.period("terngrad", {"k": 2}) == 1
 
 
-def _fake_run(workdir, bits, unigram=4.876):
+def _fake_run(workdir, bits, unigram=4.876, peak=None):
   os.makedirs(workdir)
   with open(os.path.join(workdir, "summary.json"), "w") as f:
     json.dump({"test_bits_per_byte": bits, "test_accuracy": 0.3, "mean_bytes_on_wire": 1000.0,
                "float32_bytes": 482304.0, "steps": 1000, "seed": 0, "train_time_sec": 30.0,
                "wall_time_sec": 40.0, "final_train_loss": 2.0, "parameters": 120576, "corpus": "GCIDE",
                "corpus_license": "GPL-2.0-or-later", "train_bytes": 10, "test_bytes": 5,
-               "unigram_held_out_bits_per_byte": unigram}, f)
+               "unigram_held_out_bits_per_byte": unigram,
+               **({"peak_bytes_on_wire": peak} if peak is not None else {})}, f)
 
 
 def test_report_section_ranks_by_bits_per_byte(tmp_path):
   z = zoo.Zoo("configs/zoo_gpt.py", str(tmp_path))
-  _fake_run(os.path.join(z.runs_dir, "none", "seed0"), 2.9)
-  _fake_run(os.path.join(z.runs_dir, "none", "seed1"), 3.0)
+  _fake_run(os.path.join(z.runs_dir, "none", "seed0"), 2.9, peak=482304.0)
+  _fake_run(os.path.join(z.runs_dir, "none", "seed1"), 3.0, peak=482304.0)
   _fake_run(os.path.join(z.runs_dir, "onebit_adam", "seed0"), 5.2)
   out = tmp_path / "zoo.md"
   text = zoo.report([z], str(out), str(tmp_path / "zoo.png"))
   cells = table(text, "compressor", "held-out bits per byte")
   assert number(row(cells, compressor="`none`")["held-out bits per byte"]) == 2.95
   assert row(cells, compressor="`none`")["spread over seeds"] == "± 0.071 (2.900–3.000)"
+  assert row(cells, compressor="`none`")["largest step / worker"] == "0.482 MB"  # the runs' peak_bytes_on_wire
+  assert row(cells, compressor="`onebit_adam`")["largest step / worker"] == "not measured"  # a run without it
   assert row(cells, compressor="`diloco.h50`")["held-out bits per byte"] == "not measured"
   assert "encode+decode (vs float32 copy)" not in cells[0]  # no throughput column for this zoo
   assert "`onebit_adam` seed 0: 5.200 bits per byte (unigram 4.876)" in text

@@ -37,6 +37,8 @@ from jaxcomp.compressors.dgc import DGC, dgc
 from jaxcomp.compressors.half import Half, half
 from jaxcomp.compressors.randomk import RandomK, randomk
 from jaxcomp.compressors.natural import Natural, natural
+from jaxcomp.compressors.fp4 import FP4, fp4
+from jaxcomp.compressors.demo import DCTTopK, demo, wrap_optimizer as _wrap_demo
 
 
 @hyperparams.factory()
@@ -67,6 +69,7 @@ REGISTRY: dict[str, Callable[..., optax.GradientTransformationExtraArgs]] = {
     "half": half,
     "randomk": randomk,
     "natural": natural,
+    "fp4": fp4,
 }
 
 
@@ -76,6 +79,7 @@ WRAPPERS: dict[str, Callable[..., optax.GradientTransformation]] = {
     "local_steps": local_steps,
     "diloco": diloco,
     "onebit_adam": _wrap_onebit_adam,  # 1-bit Adam is the optimizer: `optimizer` only scales
+    "demo": _wrap_demo,  # so is DeMo
 }
 
 

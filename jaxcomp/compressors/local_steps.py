@@ -110,16 +110,17 @@ def traced_wire(state: Any) -> Any:
   return _wire_counts(state, lambda c: c.traced())
 
 
-def on_last_step(k: int, mini_step: jax.Array, step, operands: tuple[Any, Any, Any]) -> tuple[Any, ...]:
-  """``step(*operands)`` on the last of every ``k`` steps, else the operands as they are.
+def on_step(pred: Any, step, operands: tuple[Any, Any, Any]) -> tuple[Any, ...]:
+  """``step(*operands)`` where ``pred`` holds (always if ``None``), else the operands as they are.
 
   ``operands`` are ``(carried, exchange state, carried)``; ``step`` returns
-  ``(updates, *operands)``. On the other steps the updates are zeros of
+  ``(updates, *operands)``. Where ``pred`` fails the updates are zeros of
   ``step``'s types and the exchange state's wire counters are 0
-  (:func:`silence_wire`). ``mini_step`` is replicated, so the collectives run
-  only on the last step, on every worker alike (:func:`jaxcomp.parallel.replicated_cond`).
+  (:func:`silence_wire`). ``pred`` is replicated (a function of replicated
+  counters), so the collectives run only where it holds, on every worker alike
+  (:func:`jaxcomp.parallel.replicated_cond`).
   """
-  if k == 1:
+  if pred is None:
     return step(*operands)
   update_types = jax.eval_shape(step, *operands)[0]
 
@@ -127,7 +128,12 @@ def on_last_step(k: int, mini_step: jax.Array, step, operands: tuple[Any, Any, A
     zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), update_types)
     return zeros, first, silence_wire(ex_state), last
 
-  return parallel.replicated_cond(mini_step == k - 1, step, wait, *operands)
+  return parallel.replicated_cond(pred, step, wait, *operands)
+
+
+def on_last_step(k: int, mini_step: jax.Array, step, operands: tuple[Any, Any, Any]) -> tuple[Any, ...]:
+  """``step(*operands)`` on the last of every ``k`` steps (``mini_step == k − 1``): :func:`on_step`."""
+  return on_step(None if k == 1 else mini_step == k - 1, step, operands)
 
 
 def make_exchange(exchange: Union[None, str, optax.GradientTransformation], axis_name: parallel.AxisName,

@@ -121,6 +121,7 @@ from jaxcomp import core
 from jaxcomp import hyperparams
 from jaxcomp import parallel
 from jaxcomp import transforms
+from jaxcomp.compressors import _direction
 from jaxcomp.compressors.ef_signsgd import EFSignSGD, ScaledSignPayload
 from jaxcomp.compressors.signsgd import sign_bits
 from jaxcomp.exchange import plan
@@ -326,21 +327,4 @@ def wrap_optimizer(optimizer: optax.GradientTransformation, **kwargs: Any) -> op
   Raises:
     ValueError: if ``optimizer`` keeps moments of its own (momentum, Adam, ...).
   """
-  tx = scale_by_onebit_adam(**kwargs)
-  opt = optax.with_extra_args_support(optimizer)
-
-  def init_fn(params):
-    shapes = jax.eval_shape(opt.init, params)
-    if any(jnp.issubdtype(s.dtype, jnp.floating) and s.ndim for s in jax.tree.leaves(shapes)):
-      raise ValueError(
-          "onebit_adam is the optimizer: the optimizer after it must only apply the learning rate "
-          "(optax.sgd(schedule); in a config, optimizer='sgd'), but this one keeps moments of its own "
-          "(momentum, Adam, AdaGrad ...).")
-    return tx.init(params), opt.init(params)
-
-  def update_fn(updates, state, params=None, **extra_args):
-    direction, s1 = tx.update(updates, state[0], params, **extra_args)
-    new_updates, s2 = opt.update(direction, state[1], params, **extra_args)
-    return new_updates, (s1, s2)
-
-  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+  return _direction.optimizer_after(scale_by_onebit_adam(**kwargs), optimizer, "onebit_adam")

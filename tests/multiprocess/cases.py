@@ -36,6 +36,10 @@ CASES = {
     # DiLoCo, H = 2: Adam inside each process, int8 pseudo-gradients at steps 1 and 3.
     "diloco": lambda n: (lambda axis: jaxcomp.diloco(optax.adam(0.1), 2, axis_name=axis, exchange="int8"),
                          _grads(n), 4),
+    # Streaming DiLoCo, H = 2, two fragments ("w", "b"), each applied a step after its send (steps
+    # 1, 2 and 3), 4-bit outer gradients.
+    "streaming_diloco": lambda n: (lambda axis: jaxcomp.diloco(optax.adam(0.1), 2, fragments=2, delay=1,
+                                                               axis_name=axis, exchange="fp4"), _grads(n), 4),
 }
 
 # Buckets across processes, per tensor and bucketed: int8 (with error feedback, so residuals
