@@ -17,9 +17,10 @@ and an update then runs, on each worker ``j`` of ``N``:
 2. the rest of the chain updates **only that chunk**, with the chunk of the
    parameters (AdamW's weight decay) and its own state for it: its moments
    are ``(c,)`` per tensor, ``c ≈ n / N``;
-3. the updates' chunks come back to every worker by a **float all-gather**
-   (``jaxcomp.metrics``' ``gather_bytes``), so every replica adds the same
-   update to the same parameters and stays bit-identical.
+3. the updates' chunks come back to every worker by an **all-gather**
+   (``jaxcomp.metrics``' ``gather_bytes``): in float by default, so every
+   replica adds the same update to the same parameters and stays the
+   replicated step's; or compressed (``gather=``), with error feedback.
 
 What is per shard (:class:`~jaxcomp.core.ShardLocal`, laid over workers
 as a worker-local part: ``jaxcomp.data_parallel`` and the layout helpers of
@@ -32,11 +33,13 @@ stays whole on every worker (biases, norms: a small part of a model).
 
 The chain must start with the compression transform
 (``jaxcomp.terngrad(...)``, ..., or ``jaxcomp.get_transform("none", ...)``
-for float) and must not look across a tensor's chunks or across tensors:
-transforms that act element by element (SGD with momentum, Adam(W), Lion,
-weight decay, learning-rate schedules) give the replicated numbers; a global
-norm, a trust ratio or factored moments would be computed over the chunk, so
-they are not to be used here yet.
+for float). Transforms that act element by element (SGD with momentum,
+Adam(W), Lion, weight decay, learning-rate schedules) give the replicated
+numbers; a global norm must be :func:`global_norm`'s
+(:func:`clip_by_global_norm`); those whose state says they look across a
+tensor are refused by name (Adafactor, SM3, NovoGrad, ``add_noise``,
+``apply_if_finite``), and LAMB's and LARS's trust ratios, whose state is
+empty, would be per chunk (docs/zero.md has the table of optax's optimizers).
 
 References:
   Rajbhandari, Rasley, Ruwase, He. *ZeRO: Memory Optimizations Toward
