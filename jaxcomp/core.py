@@ -415,6 +415,21 @@ class WorkerLocal(NamedTuple):
   metrics: dict[str, Count]  # this worker's counters of the last update (see jaxcomp.metrics)
 
 
+class LaidOut(WorkerLocal):
+  """A :class:`WorkerLocal` laid out over the workers (:func:`jaxcomp.parallel.replicate_workers`).
+
+  The mark is the type, a static part of the state's pytree structure: it
+  passes through ``pmap``, ``vmap``, ``shard_map``, ``jit`` and checkpoints
+  restored with the state's structure, and every update keeps it
+  (``state.local._replace(...)``). Under ``pmap`` a value's type does not say
+  whether it differs between workers, so this mark is how an update tells a
+  state laid out over the devices from one passed in whole to each
+  (:func:`jaxcomp.worker_layout.check_laid_out`).
+  """
+
+  __slots__ = ()
+
+
 def worker_locals(tree: Any) -> list[WorkerLocal]:
   """Every :class:`WorkerLocal` in an optimizer state (a chain, ``masked`` or nested states)."""
   return [x for x in jax.tree.leaves(tree, is_leaf=lambda x: isinstance(x, WorkerLocal))

@@ -361,8 +361,8 @@ def check_one_worker(p: _Plan, residuals: list[Any], metrics: dict[str, Count]) 
         f"jaxcomp: the optimizer state's {path!r} has shape {tuple(got)} where one worker's is {tuple(want)}: "
         "tx.update takes one worker's state, without the worker axis that jaxcomp.parallel.replicate_workers "
         "adds. Under shard_map pass jaxcomp.parallel.worker_slice(state, 0) and return "
-        "jaxcomp.parallel.expand_workers(new_state); under vmap map the state with in_axes="
-        "jaxcomp.parallel.worker_axes(state). jaxcomp.data_parallel(worker_step, tx, ...) does both.")
+        "jaxcomp.parallel.expand_workers(new_state); under vmap or pmap map the state with in_axes="
+        "out_axes=jaxcomp.parallel.worker_axes(state) (not None). jaxcomp.data_parallel(worker_step, tx, ...) does both.")
 
 
 def count_tensor(
@@ -708,6 +708,7 @@ class _Compress:
     check_gradients_vary(updates, self.worker_axes + parallel.axis_names(self.within), self.compressor)
     check_not_sharded(updates)
     residuals = p.treedef.flatten_up_to(state.local.residual)
+    parallel.worker_layout.check_laid_out(state, self.worker_axes + parallel.axis_names(self.within), "jaxcomp")
     check_one_worker(p, residuals, state.local.metrics)
     inners = p.treedef.flatten_up_to(state.inner)
     shards = (p.treedef.flatten_up_to(state.shard.residual) if self.use_shard
@@ -851,8 +852,8 @@ class _Compress:
         count=optax.safe_increment(state.count),
         key=next_key,
         inner=p.treedef.unflatten(inners),
-        local=core.WorkerLocal(residual=p.treedef.unflatten(residuals), metrics=metrics),
-        shard=core.WorkerLocal(residual=p.treedef.unflatten(shards), metrics={}) if self.use_shard else None,
+        local=state.local._replace(residual=p.treedef.unflatten(residuals), metrics=metrics),  # keeps LaidOut
+        shard=state.shard._replace(residual=p.treedef.unflatten(shards)) if self.use_shard else None,
     )
     return p.treedef.unflatten(updates), new_state
 

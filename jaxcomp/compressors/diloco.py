@@ -197,8 +197,8 @@ def diloco(
         h, state.inner_step, outer_step, (offset, state.exchange, state.outer))
     new_state = DiLoCoState(
         inner_step=(state.inner_step + 1) % h,
-        offset=core.WorkerLocal(residual=offset, metrics=norms),
-        inner=core.WorkerLocal(residual=inner_state, metrics={}),
+        offset=state.offset._replace(residual=offset, metrics=norms),  # keeps LaidOut
+        inner=state.inner._replace(residual=inner_state),
         exchange=ex_state,
         outer=outer_state,
     )
