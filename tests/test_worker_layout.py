@@ -139,3 +139,16 @@ def test_data_parallel_checkpoint_over_two_processes(tmp_path):
   for out in outs:
     np.testing.assert_array_equal(out["restored"], out["saved"])
     assert not np.allclose(outs[0]["saved"], outs[1]["saved"])  # each process's worker its own
+
+
+def test_flax_training_checkpoints_keep_every_residual(trained, tmp_path):
+  """flax.training.checkpoints (orbax underneath), as the older Flax examples save: host copies, restored into
+  the laid-out state."""
+  from flax.training import checkpoints  # pylint: disable=g-import-not-at-top
+
+  step, params, state = trained
+  checkpoints.save_checkpoint(tmp_path, jax.device_get(state), 2)
+  restored = parallel.from_checkpoint(checkpoints.restore_checkpoint(tmp_path, target=state), N)
+  assert isinstance(restored[0].local, jaxcomp.core.LaidOut)
+  np.testing.assert_array_equal(_residuals(restored), _residuals(state))
+  step(params, restored, _grads())
