@@ -459,7 +459,7 @@ def replicate_workers(state: Any, num_workers: int) -> Any:
 
 
 def mark_laid_out(state: Any) -> Any:
-  """``state`` with every :class:`~jaxcomp.core.WorkerLocal` marked :class:`~jaxcomp.core.LaidOut` (values unchanged)."""
+  """``state`` with every :class:`~jaxcomp.core.WorkerLocal` marked as laid out (:class:`~jaxcomp.core.LaidOut`)."""
   return jax.tree.map(lambda x: core.LaidOut(*x) if _is_local(x) else x, state, is_leaf=_is_local)
 
 
@@ -547,5 +547,5 @@ def worker_batch(batch: Any) -> Any:
 
 
 # Checkpoints of laid-out states (and the check an update makes) live in jaxcomp.worker_layout.
-from jaxcomp import worker_layout  # pylint: disable=g-import-not-at-top,g-bad-import-order
-from jaxcomp.worker_layout import from_checkpoint, to_checkpoint  # pylint: disable=g-import-not-at-top,g-bad-import-order
+from jaxcomp import worker_layout  # pylint: disable=g-import-not-at-top
+from jaxcomp.worker_layout import from_checkpoint, to_checkpoint  # pylint: disable=g-import-not-at-top

@@ -362,7 +362,8 @@ def check_one_worker(p: _Plan, residuals: list[Any], metrics: dict[str, Count]) 
         "tx.update takes one worker's state, without the worker axis that jaxcomp.parallel.replicate_workers "
         "adds. Under shard_map pass jaxcomp.parallel.worker_slice(state, 0) and return "
         "jaxcomp.parallel.expand_workers(new_state); under vmap or pmap map the state with in_axes="
-        "out_axes=jaxcomp.parallel.worker_axes(state) (not None). jaxcomp.data_parallel(worker_step, tx, ...) does both.")
+        "out_axes=jaxcomp.parallel.worker_axes(state) (not None). jaxcomp.data_parallel(worker_step, tx, ...) "
+        "does both.")
 
 
 def count_tensor(

@@ -142,8 +142,8 @@ def test_data_parallel_checkpoint_over_two_processes(tmp_path):
 
 
 def test_flax_training_checkpoints_keep_every_residual(trained, tmp_path):
-  """flax.training.checkpoints (orbax underneath), as the older Flax examples save: host copies, restored into
-  the laid-out state."""
+  """flax.training.checkpoints (orbax underneath), as the older Flax examples save: host copies,
+  restored into the laid-out state."""
   from flax.training import checkpoints  # pylint: disable=g-import-not-at-top
 
   step, params, state = trained
