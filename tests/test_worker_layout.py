@@ -126,8 +126,9 @@ def test_host_local_conversion_keeps_every_residual_after_to_checkpoint(trained,
 def test_from_checkpoint_marks_and_places_a_state_restored_without_the_mark(trained):
   """A target built from tx.init (no mark) restores plain WorkerLocals: from_checkpoint lays them out."""
   step, params, state = trained
-  plain = jax.tree.map(lambda x: jaxcomp.core.WorkerLocal(*x) if isinstance(x, jaxcomp.core.WorkerLocal) else x,
-                       jax.device_put(state, jax.devices()[0]), is_leaf=lambda x: isinstance(x, jaxcomp.core.WorkerLocal))
+  local = lambda x: isinstance(x, jaxcomp.core.WorkerLocal)
+  plain = jax.tree.map(lambda x: jaxcomp.core.WorkerLocal(*x) if local(x) else x,
+                       jax.device_put(state, jax.devices()[0]), is_leaf=local)  # on one device, unmarked
   back = parallel.from_checkpoint(plain, N)
   assert isinstance(back[0].local, jaxcomp.core.LaidOut)
   step(params, back, _grads())
