@@ -233,6 +233,7 @@ class Compress:
     check_gradients_vary(updates, self.worker_axes + parallel.axis_names(self.within), self.compressor)
     check_not_sharded(updates)
     residuals = p.treedef.flatten_up_to(state.local.residual)
+    parallel.worker_layout.check_laid_out(state, self.worker_axes + parallel.axis_names(self.within), "jaxcomp")
     check_one_worker(p, residuals, state.local.metrics)
     inners = p.treedef.flatten_up_to(state.inner)
     shards = (p.treedef.flatten_up_to(state.shard.residual) if self.use_shard
@@ -381,8 +382,8 @@ class Compress:
         count=optax.safe_increment(state.count),
         key=next_key,
         inner=p.treedef.unflatten(inners),
-        local=core.WorkerLocal(residual=p.treedef.unflatten(residuals), metrics=metrics),
-        shard=core.WorkerLocal(residual=p.treedef.unflatten(shards), metrics={}) if self.use_shard else None,
+        local=state.local._replace(residual=p.treedef.unflatten(residuals), metrics=metrics),  # keeps LaidOut
+        shard=state.shard._replace(residual=p.treedef.unflatten(shards)) if self.use_shard else None,
     )
     return p.treedef.unflatten(updates), new_state
 

@@ -448,7 +448,22 @@ class WorkerLocal(NamedTuple):
   metrics: dict[str, Count]  # this worker's counters of the last update (see jaxcomp.metrics)
 
 
-class ShardLocal(WorkerLocal):
+class LaidOut(WorkerLocal):
+  """A :class:`WorkerLocal` laid out over the workers (:func:`jaxcomp.parallel.replicate_workers`).
+
+  The mark is the type, a static part of the state's pytree structure: it
+  passes through ``pmap``, ``vmap``, ``shard_map``, ``jit`` and checkpoints
+  restored with the state's structure, and every update keeps it
+  (``state.local._replace(...)``). Under ``pmap`` a value's type does not say
+  whether it differs between workers, so this mark is how an update tells a
+  state laid out over the devices from one passed in whole to each
+  (:func:`jaxcomp.worker_layout.check_laid_out`).
+  """
+
+  __slots__ = ()
+
+
+class ShardLocal(LaidOut):
   """A :class:`WorkerLocal` whose rows are laid out already: each worker's shard of a state.
 
   The inner optimizer's state under :func:`jaxcomp.shard_optimizer` is each
@@ -456,8 +471,11 @@ class ShardLocal(WorkerLocal):
   per worker at ``init``. It is laid over workers as any worker-local part
   (:func:`jaxcomp.parallel.worker_axes`, ``worker_specs``, ``worker_slice``),
   but :func:`jaxcomp.parallel.replicate_workers` leaves it as it is: its
-  leading axis is the workers already, each row different.
+  leading axis is the workers already, each row different (so it is laid
+  out by construction: a :class:`LaidOut`).
   """
+
+  __slots__ = ()
 
 
 def worker_locals(tree: Any) -> list[WorkerLocal]:

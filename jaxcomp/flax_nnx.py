@@ -61,8 +61,13 @@ def worker_axes(optimizer: Any) -> Any:
 
 
 def replicate_workers(optimizer: Any, num_workers: int) -> None:
-  """Gives every per-worker leaf of ``optimizer`` a leading axis of ``num_workers``, in place."""
+  """Gives every per-worker leaf of ``optimizer`` a leading axis of ``num_workers``, in place.
+
+  The state is marked as laid out, as :func:`jaxcomp.parallel.replicate_workers`
+  marks it: under ``nnx.pmap`` the update refuses a state that is not.
+  """
   from flax import nnx  # pylint: disable=g-import-not-at-top
 
   local = nnx.state(optimizer, worker_filter(optimizer))
   nnx.update(optimizer, jax.tree.map(lambda a: jnp.broadcast_to(a, (num_workers,) + jnp.shape(a)), local))
+  optimizer.opt_state = parallel.mark_laid_out(optimizer.opt_state)

@@ -383,13 +383,24 @@ def worker_axes(state: Any) -> Any:
 
   Leaves inside a :class:`~jaxcomp.core.WorkerLocal` (residuals, per-worker
   counters) get ``0``; every other leaf (step counters, keys, momentum of the
-  optimizer that follows) is the same on every worker and gets ``None``. A
-  value that is marked ``None`` but differs between workers is an error JAX
-  reports, which keeps the replicas honest. Raises a ValueError naming the
-  path of an ``optax.MultiSteps`` or ``optax.apply_if_finite`` state around a
-  compression transform (use :mod:`jaxcomp.wrappers` instead).
+  optimizer that follows) is the same on every worker and gets ``None``.
+  ``vmap`` refuses an output mapped ``None`` that differs between workers;
+  ``pmap`` does not (it returns device 0's), so a compression transform's
+  update refuses a worker-local part that :func:`replicate_workers` did not
+  lay out (:func:`jaxcomp.worker_layout.check_laid_out`). Raises a ValueError
+  naming the path of an ``optax.MultiSteps`` or ``optax.apply_if_finite``
+  state around a compression transform (use :mod:`jaxcomp.wrappers`
+  instead), or of a laid-out leaf that lost its worker axis (a checkpoint of
+  one worker's view: :func:`from_checkpoint`).
+
+  Under ``pmap``, as the Flax examples write their steps::
+
+    state = jaxcomp.parallel.replicate_workers(state, jax.local_device_count())
+    axes = jaxcomp.parallel.worker_axes(state)
+    p_train_step = jax.pmap(train_step, axis_name="batch", in_axes=(axes, 0), out_axes=(axes, 0))
   """
   _check_wrappers(state)
+  worker_layout.check_rows(state)
 
   def axes(x):
     if _is_local(x):
@@ -439,14 +450,23 @@ def worker_shardings(state: Any, mesh: Any, axis: Union[str, tuple[str, ...]]) -
 def replicate_workers(state: Any, num_workers: int) -> Any:
   """Gives every worker-local leaf a leading axis of ``num_workers`` (checked as :func:`worker_axes`).
 
-  A :class:`~jaxcomp.core.ShardLocal` (a sharded optimizer state) has its
-  rows already: it is checked (:func:`check_state`), not broadcast.
+  Each :class:`~jaxcomp.core.WorkerLocal` comes back marked as laid out
+  (:class:`~jaxcomp.core.LaidOut`): the update that sees it under ``pmap``
+  knows it was mapped a row per worker. A :class:`~jaxcomp.core.ShardLocal`
+  (a sharded optimizer state) has its rows already: it is checked
+  (:func:`check_state`), not broadcast.
   """
   _check_wrappers(state)
   shards = lambda x: isinstance(x, core.ShardLocal)
   check_state([x for x in jax.tree.leaves(state, is_leaf=shards) if shards(x)], num_workers)
   broadcast = lambda x: x if shards(x) else jax.tree.map(lambda a: jnp.broadcast_to(a, (num_workers,) + jnp.shape(a)), x)
-  return jax.tree.map(lambda x: broadcast(x) if _is_local(x) else x, state, is_leaf=_is_local)
+  return mark_laid_out(jax.tree.map(lambda x: broadcast(x) if _is_local(x) else x, state, is_leaf=_is_local))
+
+
+def mark_laid_out(state: Any) -> Any:
+  """``state`` with every :class:`~jaxcomp.core.WorkerLocal` marked as laid out (:class:`~jaxcomp.core.LaidOut`)."""
+  mark = lambda x: core.LaidOut(*x) if _is_local(x) and not isinstance(x, core.LaidOut) else x
+  return jax.tree.map(mark, state, is_leaf=_is_local)
 
 
 def _map_local(fn, state: Any) -> Any:
@@ -530,3 +550,8 @@ def worker_batch(batch: Any) -> Any:
   """
   _check_leading(batch, 1, "on this device (its share of the global batch)")
   return jax.tree.map(lambda b: b[0], batch)
+
+
+# Checkpoints of laid-out states (and the check an update makes) live in jaxcomp.worker_layout.
+from jaxcomp import worker_layout  # pylint: disable=g-import-not-at-top
+from jaxcomp.worker_layout import from_checkpoint, to_checkpoint  # pylint: disable=g-import-not-at-top

@@ -298,8 +298,9 @@ def check_one_worker(p: UpdatePlan, residuals: list[Any], metrics: dict[str, Cou
         f"jaxcomp: the optimizer state's {path!r} has shape {tuple(got)} where one worker's is {tuple(want)}: "
         "tx.update takes one worker's state, without the worker axis that jaxcomp.parallel.replicate_workers "
         "adds. Under shard_map pass jaxcomp.parallel.worker_slice(state, 0) and return "
-        "jaxcomp.parallel.expand_workers(new_state); under vmap map the state with in_axes="
-        "jaxcomp.parallel.worker_axes(state). jaxcomp.data_parallel(worker_step, tx, ...) does both.")
+        "jaxcomp.parallel.expand_workers(new_state); under vmap or pmap map the state with in_axes="
+        "out_axes=jaxcomp.parallel.worker_axes(state) (not None). jaxcomp.data_parallel(worker_step, tx, ...) "
+        "does both.")
 
 
 def count_tensor(

@@ -146,6 +146,9 @@ def test_nnx_page_blocks_run(tmp_path):
   # Gradients summed over devices instead of per worker would be off by about 1.
   m = re.search(r"nnx shard_map: largest difference from vmap ([\d.e+-]+)", lines[1])
   assert m and float(m[1]) < 1e-2, lines
+  # The Flax NNX examples' nnx.jit program with a sharded batch learns in float, as the compressed one.
+  m = re.fullmatch(r"nnx jit: loss ([\d.]+) in float, ([\d.]+) compressed", lines[2])
+  assert m and max(float(m[1]), float(m[2])) < 0.5 * np.log(10), lines
 
 
 def test_wrappers_page_blocks_run(tmp_path):

@@ -157,7 +157,7 @@ def with_worker_momentum(
       x = update_steps.add_residual(inp, r0 if use_ef else None, use_ef)  # the exchange's input, bit for bit
       kept.append(carry_momentum(u0, u1, x, r1, masking))
     new_state = WorkerMomentumState(
-        local=core.WorkerLocal(residual=treedef.unflatten(kept), metrics={}), exchange=ex_state)
+        local=state.local._replace(residual=treedef.unflatten(kept)), exchange=ex_state)  # keeps LaidOut
     return out, new_state
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)

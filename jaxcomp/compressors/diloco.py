@@ -316,8 +316,8 @@ def diloco(
       new_updates, norms, offset, ex_states, outer_states, pending = sync.delayed(state, offset, delay, mix)
     new_state = DiLoCoState(
         inner_step=(state.inner_step + 1) % h,
-        offset=core.WorkerLocal(residual=offset, metrics=norms),
-        inner=core.WorkerLocal(residual=inner_state, metrics={}),
+        offset=state.offset._replace(residual=offset, metrics=norms),  # keeps LaidOut
+        inner=state.inner._replace(residual=inner_state),
         exchange=_stored(ex_states),
         outer=_stored(outer_states),
         pending=pending,
@@ -431,7 +431,7 @@ class _Sync:
     new_updates, norms, offset = self._collect(results, offset)
     pending, sent = self._send(state, offset, pending, sent)
     return (new_updates, norms, offset, ex_states, outer_states,
-            Pending(sent=sent, sent_offset=core.WorkerLocal(residual=pending, metrics={})))
+            Pending(sent=sent, sent_offset=state.pending.sent_offset._replace(residual=pending)))  # keeps LaidOut
 
   def _send(self, state: DiLoCoState, offset: Any, pending: Any, sent: jax.Array) -> tuple[Any, jax.Array]:
     """Keeps the offsets (``−Δ_i``) of the fragments whose send step this is, and marks them sent."""

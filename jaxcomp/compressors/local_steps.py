@@ -223,7 +223,7 @@ def local_steps(
                                                          (acc, state.exchange, state.inner))
     new_state = LocalStepsState(
         mini_step=(state.mini_step + 1) % k,
-        local=core.WorkerLocal(residual=acc, metrics={}),
+        local=state.local._replace(residual=acc),  # keeps LaidOut
         exchange=ex_state,
         inner=opt_state,
     )
