@@ -73,6 +73,9 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     bad(f"ema_decay must be in [0, 1), got {config.ema_decay}.")
   if config.eval_with_ema and config.ema_decay == 0.0:
     bad("eval_with_ema needs ema_decay > 0.")
+  if config.shard_optimizer and config.grad_clip_norm:
+    bad("shard_optimizer cuts the optimizer's state over the workers; grad_clip_norm's global norm "
+        "would be taken over a worker's shard only: set one of them.")
   if config.max_devices < 0:
     bad(f"max_devices must be >= 0 (0: all), got {config.max_devices}.")
   if config.log_every < 1:
