@@ -93,13 +93,14 @@ def abstract_batch(run: build.Run) -> tuple[Any, Any, Any]:
 
 
 def memory_figures(compiled) -> dict[str, int]:
-  """``compiled.memory_analysis()`` as a dict, with the peak estimate."""
+  """``compiled.memory_analysis()`` as a dict, with the peak estimate (the program's code not in it)."""
   m = compiled.memory_analysis()
   out = {
       "argument_bytes": int(m.argument_size_in_bytes),
       "output_bytes": int(m.output_size_in_bytes),
       "temp_bytes": int(m.temp_size_in_bytes),
       "alias_bytes": int(m.alias_size_in_bytes),
+      "generated_code_bytes": int(m.generated_code_size_in_bytes),
   }
   out["peak_bytes"] = (out["argument_bytes"] + out["output_bytes"] + out["temp_bytes"]
                        - out["alias_bytes"])
@@ -156,10 +157,15 @@ def main(argv=None) -> dict[str, Any]:
       "per": "device (one SPMD program over the mesh)",
       "results": [measure(n, CONFIGS[n]()) for n in names],
   }
+  return emit(doc, args.json)
+
+
+def emit(doc: dict[str, Any], path: str | None) -> dict[str, Any]:
+  """Prints ``doc`` as JSON, and writes it to ``path`` too if given; returns it."""
   text = json.dumps(doc, indent=2)
   print(text)
-  if args.json:
-    with open(args.json, "w") as f:
+  if path:
+    with open(path, "w") as f:
       f.write(text + "\n")
   return doc
 

@@ -203,6 +203,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.skip_last_layer = False  # keep the 'logits' layer's gradients in float (TernGrad §4.2)
   c.skip_batch_norm = True  # keep batch-norm gradients in float (3LC §4.2)
   c.min_size = 0  # tensors with fewer elements stay in float (QSGD §5: 10K)
+  # True: the optimizer's state is cut over the workers (jaxcomp.shard_optimizer, docs/zero.md):
+  # the gradients reduce-scattered by the compressor, each worker's shard updated, gathered in float.
+  c.shard_optimizer = False
   # Batch-norm running statistics, computed per worker: "mean" averages them
   # across workers each step (a float pmean, counted as bn_stats_bytes);
   # "worker0" keeps worker 0's, as 3LC §4.3 lets one worker update them.

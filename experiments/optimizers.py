@@ -115,6 +115,7 @@ def make_tx(config: ml_collections.ConfigDict, axis_name) -> optax.GradientTrans
 
   With a ``"hosts"`` axis (``config.hosts``) the exchange is hierarchical: compressed over
   ``"hosts"``, a float mean over the others (``within``, :mod:`jaxcomp.exchange.hierarchy`).
+  With ``config.shard_optimizer`` the chain's state is cut over the workers (:func:`jaxcomp.shard_optimizer`).
   """
   kwargs = dict(config.compressor_kwargs.to_dict())
   names = parallel.axis_names(axis_name)
@@ -130,6 +131,9 @@ def make_tx(config: ml_collections.ConfigDict, axis_name) -> optax.GradientTrans
   if config.compressor != "none":
     kwargs.setdefault("skip", make_skip(config))
     kwargs.setdefault("min_size", config.min_size)
-  return jaxcomp.make_optimizer(
+  tx = jaxcomp.make_optimizer(
       config.compressor, make_base_optimizer(config, make_schedule(config)),
       axis_name=axis_name, **kwargs)
+  if config.shard_optimizer:
+    tx = jaxcomp.shard_optimizer(tx, axis_name=axis_name, num_workers=config.workers)
+  return tx

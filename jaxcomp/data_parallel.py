@@ -157,6 +157,22 @@ class DataParallel:
       return params, opt_state
     return jax.device_put((params, opt_state), self._shardings(params, opt_state, None)[:2])
 
+  def abstract(self, params: Any) -> tuple[Any, Any]:
+    """What :meth:`init` returns, as ``jax.ShapeDtypeStruct`` leaves with their shardings; nothing is computed.
+
+    The target to restore a checkpoint of ``(params, opt_state)`` into
+    (orbax's ``StandardRestore``): it follows from the parameters' shapes and
+    the step's layout, not from a state in memory, so a fresh process (or
+    each process of several) builds the same one. Under ``vmap`` (no mesh)
+    the shardings are ``None``: the arrays come back on the default device.
+    """
+    params_shape, state_shape = jax.eval_shape(self.init, params)
+    if self.mesh is None:
+      return params_shape, state_shape
+    shardings = self._shardings(params, state_shape, None)[:2]
+    return jax.tree.map(lambda s, where: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=where),
+                        (params_shape, state_shape), shardings)
+
   def __call__(self, params: Any, opt_state: Any, batch: Any) -> Any:
     """One step over every worker: ``(params, opt_state)``, and ``aux`` per worker if ``worker_step`` returns one."""
     plan, args = self._prepare(params, opt_state, batch)

@@ -181,6 +181,7 @@ def test_zero_page_blocks_run(tmp_path):
   m = re.search(r"sharded AdamW: loss ([\d.]+), mu of w \((\d+), (\d+)\), (\d+) bytes gathered", out)
   assert m and float(m[1]) < 0.5 * np.log(10), out
   assert (int(m[2]), int(m[3]), int(m[4])) == (8, 80, 4 * 80), out
+  assert "resumed bit for bit: True" in out, out  # a checkpoint of the sharded state, restored
 
 
 # Every page whose Python blocks a test runs: these tests, and compressors.md's (test_custom_compressor).

@@ -1,8 +1,11 @@
-"""Trainer options used by the TernGrad configs: weight decay on chosen tensors, top-5 accuracy."""
+"""Trainer options used by the TernGrad configs: weight decay on chosen tensors, top-5 accuracy; a sharded optimizer."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+
+import jaxcomp
 
 from configs import common
 from experiments import optimizers
@@ -45,6 +48,16 @@ def test_bad_weight_decay_pattern_fails_before_compiling():
   c = _config(weight_decay_pattern="fc[")
   with pytest.raises(ValueError, match="weight_decay_pattern"):
     validation.validate_config(c)
+
+
+def test_shard_optimizer_cuts_the_chains_state_over_the_workers():
+  c = _config(shard_optimizer=True, workers=4, optimizer="adam", compressor="terngrad")
+  params = {"fc": {"kernel": jax.ShapeDtypeStruct((100, 200), jnp.float32)}, "b": jax.ShapeDtypeStruct((5,), jnp.float32)}
+  state = jax.eval_shape(optimizers.make_tx(c, ("devices", "workers")).init, params)
+  assert state.local.residual[1][0].mu["fc"]["kernel"].shape == (4, 5120)  # 20,000 / 4 rounded up to 2,560
+  assert isinstance(state.local, jaxcomp.core.ShardLocal)
+  # grad_clip_norm's jaxcomp.clip_by_global_norm takes the whole model's norm in a sharded chain
+  validation.validate_config(_config(shard_optimizer=True, grad_clip_norm=1.0))
 
 
 class _FixedLogits:

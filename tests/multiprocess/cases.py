@@ -57,15 +57,61 @@ ALSO = {
 
 def DATA_PARALLEL(num_workers):  # pylint: disable=invalid-name
   """``jaxcomp.data_parallel``'s case: (make_tx(axis), worker_step(tx, axis), params, batch, steps)."""
-  x = jax.random.normal(jax.random.PRNGKey(7), (num_workers, 4, 6))
-  batch = (x, jnp.argmax(x[..., :3], axis=-1))
-
-  def worker_step(tx, axis):
-    def step(params, opt_state, batch):
-      loss = lambda p: optax.softmax_cross_entropy_with_integer_labels(batch[0] @ p["w"] + p["b"], batch[1]).mean()
-      updates, opt_state = tx.update(jax.grad(loss)(jaxcomp.parallel.vary(params, axis)), opt_state, params)
-      return optax.apply_updates(params, updates), opt_state
-    return step
-
   make_tx = lambda axis: optax.chain(jaxcomp.int8(axis_name=axis), optax.sgd(0.5, momentum=0.9))
-  return make_tx, worker_step, {"w": jnp.zeros((6, 3)), "b": jnp.zeros(3)}, batch, 3
+  return make_tx, _classifier_step, {"w": jnp.zeros((6, 3)), "b": jnp.zeros(3)}, _classes(num_workers, 6, 3), 3
+
+
+def ZERO(num_workers):  # pylint: disable=invalid-name
+  """``jaxcomp.shard_optimizer``'s case: (make_tx(compressor, axis), worker_step(tx, axis), params, batch, steps).
+
+  AdamW sharded over the workers, after ``"none"`` (float) or TernGrad with
+  error feedback; ``w`` (640 values) is cut into a chunk a worker, ``b`` stays
+  whole. ``steps``: before and after a checkpoint.
+  """
+
+  def make_tx(compressor, axis):
+    head = (jaxcomp.get_transform("none", axis_name=axis) if compressor == "none"
+            else jaxcomp.terngrad(axis_name=axis, error_feedback=True))
+    return jaxcomp.shard_optimizer(optax.chain(head, optax.adamw(0.05, weight_decay=0.1)), axis_name=axis,
+                                   num_workers=num_workers, align=40)
+
+  return make_tx, _classifier_step, {"w": jnp.zeros((40, 16)), "b": jnp.zeros(16)}, _classes(num_workers, 40, 16), (2, 2)
+
+
+def _classes(num_workers, features, classes):
+  """A batch of 4 examples a worker: ``features`` normal inputs, labelled by the largest of the first ``classes``."""
+  x = jax.random.normal(jax.random.PRNGKey(7), (num_workers, 4, features))
+  return x, jnp.argmax(x[..., :classes], axis=-1)
+
+
+def _classifier_step(tx, axis):
+  """One worker's step of a linear softmax classifier, its chain ``tx`` exchanging over ``axis``."""
+
+  def step(params, opt_state, batch):
+    loss = lambda p: optax.softmax_cross_entropy_with_integer_labels(batch[0] @ p["w"] + p["b"], batch[1]).mean()
+    updates, opt_state = tx.update(jax.grad(loss)(jaxcomp.parallel.vary(params, axis)), opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
+
+  return step
+
+
+def save_checkpoint(directory, step, tree):
+  """``tree`` saved as orbax's checkpoint ``step`` in ``directory``; every process calls it and writes its shards."""
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+
+  with ocp.CheckpointManager(directory) as mngr:
+    mngr.save(step, args=ocp.args.StandardSave(tree))
+    mngr.wait_until_finished()
+
+
+def restore_checkpoint(directory, target):
+  """The latest checkpoint in ``directory``, laid out as ``target`` (``jax.ShapeDtypeStruct`` leaves)."""
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+
+  with ocp.CheckpointManager(directory) as mngr:
+    return mngr.restore(mngr.latest_step(), args=ocp.args.StandardRestore(target))
+
+
+def leaves_by_path(tree):
+  """``{path: leaf}`` of a pytree (``jax.tree_util.keystr`` paths), to compare two runs leaf by leaf."""
+  return {jax.tree_util.keystr(path): leaf for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}

@@ -1,0 +1,23 @@
+"""benchmarks/zero_memory.py: XLA's figures for a sharded optimizer state add up (a tiny GPT, 4 devices)."""
+
+from benchmarks import zero_memory
+
+# XLA's sizes against the arrays' own: counters a step overwrites without reading (metrics of
+# the last update) are arguments jit drops, and buffers are padded to alignment.
+SLACK = 1024
+
+
+def test_sharded_state_is_what_shrinks():
+  doc = zero_memory.main(["--width", "64", "--depth", "1", "--context", "8", "--batch", "1", "--devices", "4"])
+  gradient, replicated, sharded = doc["results"]
+  n = doc["model"]["parameters"]
+  assert 0 <= gradient["output_bytes"] - 4 * n <= SLACK  # the float32 gradient
+  assert replicated["params_bytes"] == sharded["params_bytes"] == 4 * n  # parameters stay whole
+  # AdamW's two moments: whole on every device, or a quarter of the cut tensors (the small ones stay whole).
+  assert replicated["opt_state_bytes"] >= 8 * n and sharded["opt_state_bytes"] < replicated["opt_state_bytes"] / 2
+  for r in (replicated, sharded):
+    own = r["params_bytes"] + r["opt_state_bytes"] + r["batch_bytes"]
+    assert 0 <= own - r["argument_bytes"] <= SLACK
+    assert 0 <= r["params_bytes"] + r["opt_state_bytes"] - r["alias_bytes"] <= SLACK  # donated: updated in place
+    assert r["peak_bytes"] == r["argument_bytes"] + r["output_bytes"] + r["temp_bytes"] - r["alias_bytes"]
+  assert sharded["peak_bytes"] < replicated["peak_bytes"]
