@@ -49,7 +49,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 # modules are imported): "exchange-long" runs tests/test_exchange_fuzz.py's property long.
 from hypothesis import HealthCheck, settings  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-settings.register_profile("exchange-long", max_examples=200, deadline=None,
+settings.register_profile("exchange-long", max_examples=50, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 
 

@@ -15,6 +15,7 @@
 import csv
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -231,3 +232,71 @@ def test_sigterm_to_the_launcher_saves_and_resumes_bit_identical(runs, tmp_path,
   assert step_a == step_b == 4
   assert_states_close(state_a, state_b, atol=0)
   assert metric_rows(tmp_path / "onebit") == metric_rows(root / "mp" / "onebit")
+
+
+@pytest.fixture(scope="module")
+def checkpointed(tmp_path_factory, cache):
+  """A 2-process run of 1-bit SGD with checkpoints at steps 2 and 4, sealed (experiments.seals)."""
+  out = tmp_path_factory.mktemp("checkpointed")
+  wait(launch(out, ["onebit"], "--steps=4", "--checkpoint_every=2", cache=cache))
+  assert sorted(os.listdir(out / "onebit" / "checkpoints")) == ["2", "4"]
+  return out / "onebit"
+
+
+def _rank1_data(step_dir):
+  """The largest data file of process 1's part (its shards of the residuals)."""
+  files = [os.path.join(d, f) for d, _, fs in os.walk(step_dir / "default" / "ocdbt.process_1") for f in fs]
+  return max(files, key=os.path.getsize)
+
+
+def _lose_rank1_part(step_dir):
+  for path in ("default/ocdbt.process_1", "default/array_metadatas/process_1"):
+    path = step_dir / path
+    shutil.rmtree(path) if path.is_dir() else path.unlink()
+
+
+def _cut_rank1_file(step_dir):
+  path = _rank1_data(step_dir)
+  with open(path, "r+b") as f:
+    f.truncate(os.path.getsize(path) // 2)
+
+
+def _flip_rank1_byte(step_dir):
+  path = _rank1_data(step_dir)
+  with open(path, "r+b") as f:
+    f.seek(os.path.getsize(path) // 2)
+    byte = f.read(1)
+    f.seek(-1, os.SEEK_CUR)
+    f.write(bytes([byte[0] ^ 0xFF]))
+
+
+# How process 1 can hold less of step 4 than process 0, and what process 1 then says.
+DISAGREEMENTS = {
+    "missing": (_lose_rank1_part, " is missing"),
+    "partial": (_cut_rank1_file, " bytes, "),
+    "corrupted": (_flip_rank1_byte, "its SHA-256 differs"),
+}
+
+
+def test_processes_that_disagree_restore_the_same_step(checkpointed, tmp_path, cache):
+  """Process 1's part of step 4 lost, cut short or corrupted (orbax would read the last silently):
+  both processes restore step 2, the newest both have completely, and say so; step 4 is moved aside."""
+  for case, (damage, _) in DISAGREEMENTS.items():
+    shutil.copytree(checkpointed, tmp_path / f"onebit@{case}")
+    damage(tmp_path / f"onebit@{case}" / "checkpoints" / "4")
+  names = [f"onebit@{case}" for case in DISAGREEMENTS]
+  logs, _ = wait(launch(tmp_path, names, "--steps=4", "--checkpoint_every=2", "--stop_after_steps=0",
+                        cache=cache))
+  said = ("restoring the checkpoint of step 2: the newest that every process (2) has completely and "
+          "reads (moved aside: step(s) 4)")
+  for log in logs:
+    assert all(s == {"steps": 2, "stopped_early": True} for s in summaries(log).values()), log[-3000:]
+    assert len(summaries(log)) == len(DISAGREEMENTS) and log.count(said) == len(DISAGREEMENTS), log[-3000:]
+  for case, (_, cause) in DISAGREEMENTS.items():
+    reports = [[line for line in log.splitlines() if f"onebit@{case}" in line and "cannot be read" in line]
+               for log in logs]
+    assert len(reports[1]) == 1 and f"process 1: " in reports[1][0] and cause in reports[1][0], reports[1]
+    assert len(reports[0]) == 1 and "process 1: failed (see its log)" in reports[0][0], reports[0]
+    workdir = tmp_path / f"onebit@{case}"
+    assert sorted(os.listdir(workdir / "checkpoints")) == ["2"]
+    assert sorted(os.listdir(workdir / "checkpoints.damaged")) == ["4"]
