@@ -29,9 +29,11 @@ buffer: :mod:`jaxcomp.exchange.buckets`).
 Compilation dominates (two programs an example), so trees are tiny and the
 suite's run is bounded: profile ``exchange-suite``, a fixed seed
 (``derandomize``) and :data:`SUITE_EXAMPLES` examples a name, about a minute
-on two cores. The long run, 200 new examples a name (about three hours)::
+on two cores. The long run, 50 new examples a name (about two hours on two shared cores;
+``--timeout=0`` lifts the suite's per-test limit)::
 
-  .venv/bin/python -m pytest tests/test_exchange_fuzz.py -p no:cacheprovider --hypothesis-profile=exchange-long
+  .venv/bin/python -m pytest tests/test_exchange_fuzz.py -p no:cacheprovider --timeout=0 \
+      --hypothesis-profile=exchange-long
 """
 
 import contextlib
