@@ -159,9 +159,10 @@ class Start(NamedTuple):
 
 
 def restore(run: Run) -> Start:
-  """The latest readable checkpoint's state and the metrics up to it, else the initial state.
+  """The newest checkpoint's state and the metrics up to it, else the initial state.
 
-  A checkpoint that fails to read is moved aside and the next older one is
+  Every process restores the same step, the newest that all have completely
+  and read; a checkpoint that fails is moved aside and the next older one is
   tried (:meth:`experiments.state.Checkpointer.restore`); ``metrics.csv`` is
   cut back to the step restored.
   """
@@ -170,8 +171,7 @@ def restore(run: Run) -> Start:
     afresh = run.config.get("start_afresh_if_unreadable", False)
     state = run.checkpointer.restore(run.state, afresh)
   if state is not None:
-    step = int(state.step)
-    logging.info("resumed from the checkpoint of step %d", step)
+    step = int(state.step)  # the checkpointer said which, and why
   else:
     state, step = run.init_state(), 0
   history = writers.resume_metrics(os.path.join(run.workdir, "metrics.csv"), step)

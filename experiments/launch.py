@@ -39,6 +39,20 @@ launcher also passes a shorter ``--heartbeat-timeout`` down.
 line for that long (a hang). If the launcher itself is killed (SIGKILL), its
 processes die with it (Linux parent-death signal).
 
+Restarts. With ``--max-restarts K`` a failure (a process that exits
+non-zero or is killed, a link down, a run without output) does not end the
+launch: the others are ended as above and every process is started again,
+up to K times; each run resumes from the newest checkpoint that every
+process has completely (``experiments.train`` agrees on it,
+:meth:`experiments.state.Checkpointer.restore`). One line says which rank
+failed, how, and from which step the run resumes (the newest step whose
+every part is as sealed in ``--checkpoints``, by default the program's
+``--workdir``/checkpoints: :mod:`experiments.restarts`), e.g.
+``rank 1 was killed by signal SIGKILL (9) ...; ended rank(s) 0; restart 1
+of 3: resuming from step 200 (...)``. Once the K restarts are spent the
+launcher exits with the last failure's code. Preemption (every process
+exited 75 or 0) and a stopped launcher are not failures: never restarted.
+
 Preemption. When the launcher receives SIGTERM (a SLURM time limit or
 ``scancel``, Kubernetes, a spot machine's notice; SIGINT and SIGHUP alike),
 it sends SIGTERM to every process and gives them ``--grace`` seconds
@@ -106,6 +120,7 @@ from typing import IO, NamedTuple, Sequence
 
 from experiments import distributed
 from experiments import procenv
+from experiments import restarts
 from experiments.preemption import PREEMPTED_EXIT_CODE
 
 PREFIX = "jaxc"
@@ -215,6 +230,13 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
                  help="end a --link run whose link has been down this long (default 10)")
   p.add_argument("--timeout-no-output", type=float, default=0.0, metavar="S",
                  help="end the run if no process writes a line for S seconds (default 0: off)")
+  p.add_argument("--max-restarts", type=int, default=0, metavar="K",
+                 help="after a failure (a process exits non-zero or is killed, a link down, no "
+                      "output), start every process again, up to K times: each run resumes from "
+                      "the newest checkpoint every process has completely (default 0)")
+  p.add_argument("--checkpoints", metavar="DIR",
+                 help="the checkpoint directory the restart line reads the step to resume from "
+                      "(default: the program's --workdir, /checkpoints)")
   p.add_argument("--cleanup", action="store_true",
                  help="remove namespaces, links and hosts files left by launches that are no "
                       "longer running, then exit")
@@ -229,7 +251,7 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     p.error(f"--processes must be at least 1, got {args.processes}")
   if args.link is not None and args.processes > 253:
     p.error(f"--link supports at most 253 processes (one /24), got {args.processes}")
-  for name in ("grace", "link_timeout", "timeout_no_output"):
+  for name in ("grace", "link_timeout", "timeout_no_output", "max_restarts"):
     if getattr(args, name) < 0:
       p.error(f"--{name.replace('_', '-')} must not be negative")
   for name in ("heartbeat_timeout", "shutdown_timeout"):
@@ -481,6 +503,7 @@ def child_env(rank: int, args: argparse.Namespace, coordinator: str) -> dict[str
 class Outcome(NamedTuple):
   code: int          # the launcher's exit code
   message: str | None  # why the run ended early (None: every process exited 0)
+  failed: bool = False  # a process or link failed, or the run hung: --max-restarts restarts it
 
 
 class Group:
@@ -696,7 +719,7 @@ class Supervisor:
       down = self.topology.down_links() if self.topology is not None else []
       if down:
         msg += f"; the link of rank(s) {', '.join(map(str, down))} was down at the time"
-      return Outcome(_exit_code(new[first]), msg)
+      return Outcome(_exit_code(new[first]), msg, failed=True)
     preempted = sorted(r for r, code in self.exited.items() if code == PREEMPTED_EXIT_CODE)
     if len(self.exited) == len(self.group.procs):
       return preempted_outcome(preempted) if preempted else Outcome(0, None)
@@ -722,11 +745,11 @@ class Supervisor:
     if len(late) == self.topology.processes and not self.topology.link_up(self.topology.bridge):
       return Outcome(1, f"the bridge {self.topology.bridge} has been down for "
                         f"{now - self.down_since[r]:.0f} s (--link-timeout "
-                        f"{self.args.link_timeout:g}): ending the run")
+                        f"{self.args.link_timeout:g}): ending the run", failed=True)
     return Outcome(1, f"the link of rank {r} (veth {self.topology.host_ends[r]}, namespace "
                       f"{self.topology.netns[r]}) has been down for "
                       f"{now - self.down_since[r]:.0f} s (--link-timeout "
-                      f"{self.args.link_timeout:g}): ending the run")
+                      f"{self.args.link_timeout:g}): ending the run", failed=True)
 
   def check_output(self) -> Outcome | None:
     """No line from any process for --timeout-no-output seconds."""
@@ -734,7 +757,7 @@ class Supervisor:
     if not limit or time.monotonic() - self.group.last_output < limit:
       return None
     return Outcome(1, f"no process wrote a line for {limit:g} s (--timeout-no-output): "
-                      "ending the run as hung")
+                      "ending the run as hung", failed=True)
 
 
 # --------------------------------------------------------------------------- main
@@ -755,23 +778,44 @@ def _teardown(group: Group | None, topology: Topology | None, grace: float) -> l
   return ended
 
 
+def _supervise(args: argparse.Namespace, program: list[str], topology: Topology | None,
+               started: list[Group]) -> Outcome:
+  """Starts the processes and watches them, starting them all again after a failure
+  (``--max-restarts``); each group is appended to ``started`` as it starts."""
+  group = None
+  for restart in range(args.max_restarts + 1):
+    if _Stop.signum is not None:
+      return Outcome(128 + _Stop.signum, "the launcher received a signal during set-up"
+                     if group is None else "the launcher received a signal before a restart")
+    if group is not None:
+      ended = [r for r, p in enumerate(group.procs) if p.poll() is None]
+      group.end(min(args.grace, FAILURE_GRACE))
+      group.drain()
+      where = restarts.resume_point(restarts.checkpoint_dir(program, args.checkpoints), args.processes)
+      _say(f"{outcome.message}" + (f"; ended rank(s) {_ranks(ended)}" if ended else "")
+           + f"; restart {restart} of {args.max_restarts}: {where}")
+    group = start_processes(args, program, topology)
+    started.append(group)
+    outcome = Supervisor(group, args, topology).run()
+    if not outcome.failed:
+      break
+  return outcome
+
+
 def run(args: argparse.Namespace, program: list[str]) -> int:
   """Sets up, starts, supervises and tears down one launch; returns the exit code."""
-  topology = group = None
+  topology, started = None, []
   try:
     if args.link is not None:
       require_link_support()
       cleanup_leftovers(verbose=False)
       topology = Topology(os.getpid(), args.processes, args.link)
       topology.create()
-    if _Stop.signum is not None:
-      outcome = Outcome(128 + _Stop.signum, "the launcher received a signal during set-up")
-    else:
-      group = start_processes(args, program, topology)
-      outcome = Supervisor(group, args, topology).run()
+    outcome = _supervise(args, program, topology, started)
   finally:
     # Told to stop (preemption), the processes get --grace seconds to save; after a
     # failure, no more than FAILURE_GRACE (they cannot save without the failed one).
+    group = started[-1] if started else None
     stopped = _Stop.signum is not None
     ended = _teardown(group, topology, args.grace if stopped else min(args.grace, FAILURE_GRACE))
   if stopped and group is not None:

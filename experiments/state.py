@@ -23,6 +23,7 @@ from jax.sharding import PartitionSpec as P
 import ml_collections
 import numpy as np
 
+from experiments import seals
 from jaxcomp import parallel
 
 
@@ -140,10 +141,14 @@ class Checkpointer:
   array's shards from the processes that hold them (process 0 writes the
   replicated ones and the metadata) into the one shared directory.
 
-  :meth:`restore` falls back past damaged checkpoints: one that fails to read
-  (a truncated or missing file, bad metadata) is reported in one line, moved
-  aside to ``<directory>.damaged/<step>`` (never deleted) and the next older
-  one is tried. Failures to save or read raise :class:`CheckpointError`.
+  Each step is sealed once every process has written it (:mod:`experiments.seals`).
+  :meth:`restore` has every process restore the same step, the newest that
+  all have completely, and falls back past damaged checkpoints: one that a
+  process lacks, whose part on a process is not as sealed (a missing, cut
+  short or corrupted file) or that fails to read (bad metadata) is reported
+  in one line, moved aside to ``<directory>.damaged/<step>`` (never deleted)
+  and the next older one is tried. Failures to save or read raise
+  :class:`CheckpointError`.
   """
 
   def __init__(self, directory: str, config: ml_collections.ConfigDict):
@@ -153,8 +158,21 @@ class Checkpointer:
     self.directory = os.path.abspath(directory)
     self._mngr = ocp.CheckpointManager(
         self.directory,
-        options=ocp.CheckpointManagerOptions(max_to_keep=config.checkpoint_keep, create=True))
+        options=ocp.CheckpointManagerOptions(
+            max_to_keep=config.checkpoint_keep, create=True,
+            async_options=ocp.AsyncOptions(post_finalization_callback=self._seal)))
     self._saving: Optional[int] = None  # the step of a save that may still be under way
+
+  def _seal(self) -> None:
+    """Seals the step being saved, every process's part written (:mod:`experiments.seals`).
+
+    orbax calls it on process 0, from its saving thread, before it commits
+    the step: in its temporary directory (``<step>.orbax-checkpoint-tmp``)
+    where it has one.
+    """
+    final = self.step_path(self._saving)
+    tmp = final + ".orbax-checkpoint-tmp"
+    seals.seal(tmp if os.path.isdir(tmp) else final)
 
   def step_path(self, step: int) -> str:
     return os.path.join(self.directory, str(step))
@@ -184,45 +202,45 @@ class Checkpointer:
       raise CheckpointError(message)
 
   def restore(self, abstract: TrainState, start_afresh: bool = False) -> Optional[TrainState]:
-    """The latest readable checkpoint, laid out as ``abstract``; None if there is none.
+    """The newest checkpoint that every process has completely and reads, laid out as ``abstract``.
 
-    Every process tries the same step; unless all of them read it, it is
-    moved aside and the next older one is tried.
+    Every process restores the same step, and says which: the newest that
+    every process lists (:meth:`_agree`; one listed by only some is moved
+    aside), whose part every process finds as it sealed it
+    (:func:`experiments.seals.check`: not missing, cut short or corrupted)
+    and reads. A step that fails either on any process is moved aside, and
+    the next older one is tried.
 
     Args:
       abstract: the state's ``jax.ShapeDtypeStruct`` leaves, with shardings.
       start_afresh: when every checkpoint failed to read, return None (the
         run starts from step 0) instead of raising.
 
+    Returns:
+      The state, or None if there is no checkpoint.
+
     Raises:
       CheckpointError: there were checkpoints, none could be read, and not
         ``start_afresh``.
     """
-    from etils import epath  # pylint: disable=g-import-not-at-top
-
-    handler = self._ocp.StandardCheckpointHandler()
     # Before the first read: a failing restore closes orbax's loop on reads still
     # running, and they can report before the restore returns its error.
     _drop_closed_loop_reports()
-    steps = sorted(self._mngr.all_steps(), reverse=True)
-    damaged = []
-    for i, step in enumerate(steps):
-      state, error = None, None
-      try:  # the handler, not the manager: its restore has no barrier a failed process would miss
-        state = handler.restore(epath.Path(self.step_path(step)) / "default",
-                                args=self._ocp.args.StandardRestore(abstract))
-      except Exception as e:  # pylint: disable=broad-exception-caught
-        error = _cause(e)
-      if error is not None:
-        _collect_orbax_leftovers()
+    damaged: list[int] = []
+    while (step := self._agree(damaged)) is not None:
+      state, error = self._read(step, abstract)
       errors = _gather_errors(error)
-      if not errors:
+      if not errors:  # a warning after a fall-back, which every process's log then shows
+        (logging.warning if damaged else logging.info)(
+            "restoring the checkpoint of step %d: the newest that every process (%d) has completely "
+            "and reads%s", step, jax.process_count(),
+            f" (moved aside: step(s) {', '.join(map(str, damaged))})" if damaged else "")
         return state
-      state = None
       damaged.append(step)
+      older = [s for s in self._mngr.all_steps() if s < step]
       logging.error("checkpoint of step %d at %s cannot be read: %s; moved it to %s; %s", step,
                     self.step_path(step), "; ".join(errors), self._move_aside(step),
-                    f"trying step {steps[i + 1]}" if i + 1 < len(steps) else "no older checkpoint")
+                    f"trying step {max(older)}" if older else "no older checkpoint")
     if not damaged:
       return None
     message = (f"no readable checkpoint in {self.directory}: step(s) {', '.join(map(str, damaged))} "
@@ -233,6 +251,41 @@ class Checkpointer:
     raise CheckpointError(f"{message}. Set --config.start_afresh_if_unreadable=True to start "
                           "again from step 0.")
 
+  def _agree(self, damaged: list[int]) -> Optional[int]:
+    """The newest step that every process lists (None: some process lists none).
+
+    A step newer than that, which some processes list and others do not, is
+    moved aside (and added to ``damaged``): the run goes on from the older
+    one and will save that step again.
+    """
+    while True:
+      steps = self._mngr.all_steps()
+      newest = _gather_ints(max(steps) if steps else -1)
+      agreed, top = int(newest.min()), int(newest.max())
+      if agreed == top:
+        return agreed if agreed >= 0 else None
+      damaged.append(top)
+      lacking = ", ".join(str(p) for p in np.flatnonzero(newest < top))
+      logging.error("checkpoint of step %d is not on every process (process(es) %s list none): "
+                    "moved it to %s", top, lacking, self._move_aside(top))
+
+  def _read(self, step: int, abstract: TrainState) -> tuple[Optional[TrainState], Optional[str]]:
+    """``(state, None)``, or ``(None, why)`` when this process's part of ``step`` is not whole or
+    fails to read."""
+    from etils import epath  # pylint: disable=g-import-not-at-top
+
+    error = seals.check(self.step_path(step), jax.process_index())
+    if error is not None:
+      return None, error
+    try:  # the handler, not the manager: its restore has no barrier a failed process would miss
+      return self._ocp.StandardCheckpointHandler().restore(
+          epath.Path(self.step_path(step)) / "default",
+          args=self._ocp.args.StandardRestore(abstract)), None
+    except Exception as e:  # pylint: disable=broad-exception-caught
+      error = _cause(e)
+    _collect_orbax_leftovers()
+    return None, error
+
   def _move_aside(self, step: int) -> str:
     """Moves the checkpoint of ``step`` to ``<directory>.damaged/<step>[-N]`` (process 0); returns where."""
     base = os.path.join(self.directory + ".damaged", str(step))
@@ -241,7 +294,7 @@ class Checkpointer:
       n += 1
       target = f"{base}-{n}"
     _sync("checkpoint read attempt done")  # no process reads it any more
-    if jax.process_index() == 0:
+    if jax.process_index() == 0 and os.path.exists(self.step_path(step)):
       os.makedirs(os.path.dirname(target), exist_ok=True)
       os.rename(self.step_path(step), target)
     _sync("damaged checkpoint moved")  # every process sees it gone before reloading
@@ -325,6 +378,15 @@ def _sync(name: str) -> None:
     from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
 
     multihost_utils.sync_global_devices(f"experiments.state: {name}")
+
+
+def _gather_ints(value: int) -> np.ndarray:
+  """Every process's ``value``, by process."""
+  if jax.process_count() == 1:
+    return np.array([value])
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+
+  return np.asarray(multihost_utils.process_allgather(np.int32(value))).reshape(-1)
 
 
 def _gather_errors(error: Optional[str]) -> list[str]:

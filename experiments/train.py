@@ -18,7 +18,8 @@ its steps live in modules named for what they do:
 * :mod:`experiments.state`: the train state, the mesh, shardings, checkpoints;
 * :mod:`experiments.build`: building a run and restoring it;
 * :mod:`experiments.loop`: the training loop with its logging and checkpoints;
-* :mod:`experiments.writers`: ``config.json``, ``metrics.csv``, TensorBoard, ``summary.json``.
+* :mod:`experiments.writers`: ``config.json``, ``metrics.csv``, TensorBoard;
+* :mod:`experiments.summary`: ``summary.json``.
 
 Outputs in ``workdir``:
 
@@ -63,6 +64,7 @@ from experiments import build
 from experiments import distributed
 from experiments import loop
 from experiments import preemption
+from experiments import summary
 from experiments import validation
 from experiments import writers
 from jaxcomp import data as data_lib
@@ -77,7 +79,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   :func:`experiments.validation.validate_config`, :func:`experiments.build.build`,
   :func:`experiments.build.restore`, :func:`experiments.loop.loop` (which calls
   :func:`experiments.step.evaluate`), optionally
-  :func:`experiments.loop.profile_step`, and :func:`experiments.writers.write`.
+  :func:`experiments.loop.profile_step`, and :func:`experiments.summary.write`.
 
   With ``config.checkpoint_every > 0`` the run saves checkpoints in
   ``workdir/checkpoints`` (orbax) and resumes from the latest one when
@@ -117,7 +119,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   if end.step < config.num_train_steps:  # stopped early (preemption test)
     return {"steps": end.step, "stopped_early": True}
   timing = loop.profile_step(run, end.state) if config.profile_steps else {}
-  return writers.write(run, start, end, timing)
+  return summary.write(run, start, end, timing)
 
 
 FLAGS = flags.FLAGS

@@ -1,20 +1,22 @@
-"""The files a run writes: ``config.json``, ``metrics.csv``, TensorBoard events, ``summary.json``.
+"""The files a run writes as it goes: ``config.json``, ``metrics.csv``, TensorBoard events.
 
 Process 0 writes them (:func:`experiments.distributed.is_writer`); the columns
 of ``metrics.csv`` are documented in :data:`CSV_DOC`. Every row of
 ``metrics.csv`` also goes to TensorBoard (:func:`metric_writer`), its numbers
 as the scalars ``train/loss``, ``test/accuracy``, ``train/bytes_on_wire``, ...
+``summary.json``, written at the end, is :mod:`experiments.summary`'s. This
+module imports none of the run's set-up (:mod:`experiments.build`,
+:mod:`experiments.loop`): they import it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import csv
-import json
 import logging as pylogging
 import os
 import sys
-from typing import TYPE_CHECKING, Any, Iterator, Optional
+from typing import Any, Iterator
 
 from absl import logging
 from clu import metric_writers
@@ -22,13 +24,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from experiments import lm
 from experiments.distributed import is_writer
-from jaxcomp import models as models_lib
-
-if TYPE_CHECKING:
-  from experiments.build import Run, Start  # pylint: disable=g-bad-import-order
-  from experiments.loop import End
 
 
 CSV_DOC = {
@@ -124,75 +120,6 @@ def resume_interval(workdir: str, start_step: int) -> tuple[dict[str, Any], ...]
   return tuple({k: v[i] for k, v in arrays.items()} for i in range(count))
 
 
-def write(run: Run, start: Start, end: End, timing: dict[str, float]) -> dict[str, Any]:
-  """The summary of a finished run; process 0 writes it to ``summary.json``."""
-  summary = _summary(run, start, end, timing)
-  if is_writer():
-    with open(os.path.join(run.workdir, "summary.json"), "w") as f:
-      json.dump(summary, f, indent=2)
-  logging.info("done: %s", json.dumps({k: summary[k] for k in
-                                       ("test_accuracy", "bytes_on_wire", "compression_ratio",
-                                        "wall_time_sec")}))
-  return summary
-
-
-def _summary(run: Run, start: Start, end: End, timing: dict[str, float]) -> dict[str, Any]:
-  c, history, last_eval = run.config, end.history, end.last_eval
-  last_train = history[-1] if history else {}
-
-  def mean(key):
-    return float(np.mean([h[key] for h in history])) if history else None
-
-  return {
-      "experiment": c.experiment,
-      "dataset": c.dataset,
-      "model": c.model,
-      "compressor": c.compressor,
-      "compressor_kwargs": c.compressor_kwargs.to_dict(),
-      "workers": c.workers,
-      "devices": run.mesh.size,
-      "processes": jax.process_count(),
-      "hosts": c.get("hosts", 0),
-      "batch_size": c.batch_size,
-      "optimizer": c.optimizer,
-      "learning_rate": c.learning_rate,
-      "steps": end.step,
-      "seed": c.seed,
-      "parameters": models_lib.param_count(run.state.params),
-      "test_accuracy": last_eval.get("accuracy"),
-      "test_top5_accuracy": last_eval.get("top5_accuracy"),
-      "test_loss": last_eval.get("loss"),
-      "test_examples": last_eval.get("count"),
-      "test_bits_per_byte": last_eval.get("bits_per_byte"),
-      **(lm.corpus_label(c) if run.is_text else {}),
-      "evaluated": "ema" if c.eval_with_ema else "params",
-      **{k: last_train.get(k) for k in ("bytes_on_wire", "float32_bytes", "compression_ratio",
-                                        "compressed_ratio", "float_bytes", "encoded_bytes")},
-      "mean_bytes_on_wire": mean("bytes_on_wire"),
-      "peak_bytes_on_wire": peak_bytes(history),
-      "mean_encoded_bytes": mean("encoded_bytes"),
-      "final_train_loss": last_train.get("loss"),
-      "wall_time_sec": end.wall_time,
-      "train_time_sec": end.train_time,
-      "steps_per_sec": mean("steps_per_sec"),
-      **timing,
-      "resumed_from_step": start.step or None,
-      "jax_version": jax.__version__,
-      "backend": jax.default_backend(),
-      "git_commit": _git_commit(),
-  }
-
-
-def peak_bytes(history: list[dict[str, float]]) -> Optional[float]:
-  """The largest ``bytes_on_wire`` one worker handed to the collectives in one step of the run.
-
-  Read off the train rows' ``peak_bytes_on_wire`` (each its interval's largest step, from the
-  transport's per-step counts); ``None`` if a row lacks it (a run from before the column).
-  """
-  peaks = [h.get("peak_bytes_on_wire") for h in history]
-  return max(peaks) if peaks and None not in peaks else None
-
-
 class CsvWriter:
   """Rows appended to a CSV file (its header first when the file is new), flushed as written."""
 
@@ -278,18 +205,3 @@ def logs_above_the_bar() -> Iterator[None]:
       if stand_in.handler in handlers:
         root.addHandler(stand_in.handler)
 
-
-def _git_commit() -> Optional[str]:
-  """The commit of the code that ran (with ``+dirty`` for local changes), if in a checkout."""
-  import subprocess  # pylint: disable=g-import-not-at-top
-
-  here = os.path.dirname(os.path.abspath(__file__))
-  try:
-    rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True,
-                         timeout=10).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "jaxcomp",
-                            "experiments", "configs"], cwd=here, capture_output=True, text=True,
-                           timeout=10).stdout.strip()
-  except (OSError, subprocess.SubprocessError):
-    return None
-  return (rev + ("+dirty" if dirty else "")) or None

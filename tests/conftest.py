@@ -45,6 +45,13 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 _CACHE_ENV = "JAXCOMP_TESTS_XLA_CACHE"
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
+# Hypothesis profiles that --hypothesis-profile loads (it needs them registered before the test
+# modules are imported): "exchange-long" runs tests/test_exchange_fuzz.py's property long.
+from hypothesis import HealthCheck, settings  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+settings.register_profile("exchange-long", max_examples=50, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+
 
 def pytest_configure(config):
   """Reports of time limits (below), the files of long tests first, and one compilation cache

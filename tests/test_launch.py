@@ -201,6 +201,70 @@ def test_ranks_preempted_on_their_own_end_the_launch_with_75():
   assert "rank(s) 0, 1 were preempted" in res.stderr and "received" not in res.stderr, res.stderr
 
 
+# Every run of a rank appends it to RUNS. Rank 1, once rank 0's run has too, fails in the
+# n-th way of DIES in its n-th run (kill: SIGKILL by itself; else that exit code), then succeeds.
+DIES_UNTIL_DONE = """
+import os, signal, sys, time
+rank = os.environ["JAXCOMP_PROCESS_ID"]
+with open(os.environ["RUNS"], "a") as f:
+  f.write(rank + "\\n")
+runs = lambda r: open(os.environ["RUNS"]).read().split().count(r)
+while rank == "1" and runs("0") < runs("1"):
+  time.sleep(0.01)
+for i, way in enumerate(os.environ["DIES"].split(",")):
+  mark = os.environ["RUNS"] + f".died{i}"
+  if rank == "1" and way and not os.path.exists(mark):
+    open(mark, "w").close()
+    if way == "kill":
+      os.kill(os.getpid(), signal.SIGKILL)
+    sys.exit(int(way))
+print("done", flush=True)
+"""
+
+
+def _checkpoints(root):
+  """Steps 2 and 4 sealed (experiments.seals), then step 4's file of process 1 changed."""
+  from experiments import seals
+  for step in (2, 4):
+    part = root / str(step) / "default" / "ocdbt.process_1"
+    part.mkdir(parents=True)
+    (part / "data").write_bytes(b"shards of step %d" % step)
+    seals.seal(str(root / str(step)))
+  (root / "4" / "default" / "ocdbt.process_1" / "data").write_bytes(b"shards of step 5")
+  return root
+
+
+def test_max_restarts_starts_every_process_again_and_says_from_which_step(tmp_path):
+  runs, ckpt = tmp_path / "runs", _checkpoints(tmp_path / "ckpt")
+  res, _, _ = _launch(["--processes", "2", "--max-restarts", "2", "--checkpoints", str(ckpt), "--",
+                       "-c", DIES_UNTIL_DONE], RUNS=str(runs), DIES="kill,3")
+  assert res.returncode == 0, res.stderr
+  assert sorted(runs.read_text().split()) == ["0", "0", "0", "1", "1", "1"]  # three runs of both
+  said = [line for line in res.stderr.splitlines() if line.startswith("[launch]")]
+  where = f"resuming from step 2 (the newest checkpoint in {ckpt} that every process has completely)"
+  assert said[0].startswith("[launch] rank 1 was killed by signal SIGKILL (9)"), said
+  assert said[0].endswith(f"; restart 1 of 2: {where}"), said
+  assert said[1].startswith("[launch] rank 1 exited with code 3") and said[1].endswith(f"restart 2 of 2: {where}")
+  assert len(said) == 2 and res.stdout.count("[rank1]: done") == 1, res.stdout
+
+
+def test_max_restarts_spent_exits_with_the_last_failures_code(tmp_path):
+  res, _, _ = _launch(["--processes", "2", "--max-restarts", "1", "--", "-c", DIES_UNTIL_DONE, "--workdir",
+                       str(tmp_path / "none")], RUNS=str(tmp_path / "runs"), DIES="kill,3,4")
+  assert res.returncode == 3, res.stderr
+  said = [line for line in res.stderr.splitlines() if line.startswith("[launch]")]
+  assert said[0].endswith(f"restart 1 of 1: starting from step 0 (no checkpoint in "
+                          f"{tmp_path / 'none' / 'checkpoints'} that every process has completely)"), said
+  assert said[1:] == ["[launch] rank 1 exited with code 3; exiting with code 3"], said
+
+
+def test_preemption_is_not_restarted():
+  res, _, _ = _launch(["--processes", "2", "--max-restarts", "3", "--grace", "30", "--", "-c",
+                       SAVES_ON_SIGTERM], SELF_TERM="0,1")
+  assert res.returncode == 75, res.stderr
+  assert "restart" not in res.stderr and res.stdout.count("up") == 2, res.stderr
+
+
 def test_timeout_no_output_ends_a_silent_run():
   res, seconds, _ = _launch(["--processes", "2", "--timeout-no-output", "1", "--",
                              "-c", "import time; time.sleep(300)"])

@@ -10,11 +10,18 @@
 * SIGTERM to ``experiments.launch`` (preemption): both processes stop after
   the same step (JAX's preemption sync point), save it, exit with 75, and so
   does the launcher; restarted, the run ends bit-identical.
+* ``experiments.launch --max-restarts``: process 1 SIGKILLed after step 3,
+  the launcher starts both again, they resume from step 2 and the run ends
+  bit-identical.
+* Processes that disagree: process 1's part of the newest checkpoint lost,
+  cut short or corrupted; both restore the older step and say so.
 """
 
 import csv
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -198,9 +205,10 @@ def test_killed_process_resumes_bit_identical(runs, tmp_path, cache):
   assert metric_rows(tmp_path / "onebit") == metric_rows(root / "mp" / "onebit")
 
 
-def launch_with_launcher(out_dir, names, *options, cache):
-  """Runs ``experiments.launch --processes NPROC`` of the worker; returns (exit code, output)."""
-  cmd = [sys.executable, "-m", "experiments.launch", "--processes", str(NPROC), "--grace", "120", "--",
+def launch_with_launcher(out_dir, names, *options, cache, launcher=()):
+  """Runs ``experiments.launch --processes NPROC`` (and ``launcher`` options) of the worker; returns
+  (exit code, output)."""
+  cmd = [sys.executable, "-m", "experiments.launch", "--processes", str(NPROC), "--grace", "120", *launcher, "--",
          os.path.join(HERE, "multiprocess", "train_worker.py"), str(out_dir), ",".join(names), *options]
   proc = subprocess.run(cmd, cwd=ROOT, env=dict(worker_env(cache), PYTHONPATH=ROOT),
                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
@@ -231,3 +239,97 @@ def test_sigterm_to_the_launcher_saves_and_resumes_bit_identical(runs, tmp_path,
   assert step_a == step_b == 4
   assert_states_close(state_a, state_b, atol=0)
   assert metric_rows(tmp_path / "onebit") == metric_rows(root / "mp" / "onebit")
+
+
+@pytest.fixture(scope="module")
+def restarted(tmp_path_factory, cache):
+  """``experiments.launch --max-restarts 1`` of 1-bit SGD, 4 steps, a checkpoint every 2, whose
+  process 1 dies by SIGKILL after step 3 once: (workdir, exit code, output)."""
+  out = tmp_path_factory.mktemp("restarted")
+  # Restarts to spare: on a loaded machine a process can reach the first collective more than
+  # gloo's 30 s after the other, a failure the launcher restarts too.
+  code, log = launch_with_launcher(out, ["onebit"], "--steps=4", "--checkpoint_every=2", "--die_at_step=3",
+                                   cache=cache, launcher=["--max-restarts", "3", "--checkpoints",
+                                                          str(out / "onebit" / "checkpoints")])
+  return out / "onebit", code, log
+
+
+def test_the_launcher_restarts_a_failed_run_and_it_ends_bit_identical(runs, restarted):
+  """Process 1 is SIGKILLed after step 3: one line says so and that both resume from step 2;
+  the restarted run ends as the uninterrupted one, bit for bit, its metrics.csv the same."""
+  root, _, _ = runs
+  workdir, code, log = restarted
+  assert code == 0, log[-4000:]
+  said = [line for line in log.splitlines() if line.startswith("[launch] rank 1 was killed by signal SIGKILL")]
+  assert len(said) == 1, log[-4000:]
+  assert re.search(r"; restart \d of 3: resuming from step 2 \(the newest checkpoint in "
+                   f"{re.escape(str(workdir / 'checkpoints'))} that every process has completely\\)$", said[0]), said
+  assert "[rank1]: worker: SIGKILL after step 3" in log
+  resumed = summaries("\n".join(line.split(": ", 1)[-1] for line in log.splitlines() if line.startswith("[rank0]: ")))
+  assert resumed["onebit"]["resumed_from_step"] == 2 and resumed["onebit"]["steps"] == 4
+  step_a, state_a = final_checkpoint(root / "mp" / "onebit")
+  step_b, state_b = final_checkpoint(workdir)
+  assert step_a == step_b == 4
+  assert_states_close(state_a, state_b, atol=0)
+  assert metric_rows(workdir) == metric_rows(root / "mp" / "onebit")
+
+
+def _rank1_data(step_dir):
+  """The largest data file of process 1's part (its shards of the residuals)."""
+  files = [os.path.join(d, f) for d, _, fs in os.walk(step_dir / "default" / "ocdbt.process_1") for f in fs]
+  return max(files, key=os.path.getsize)
+
+
+def _lose_rank1_part(step_dir):
+  for path in ("default/ocdbt.process_1", "default/array_metadatas/process_1"):
+    path = step_dir / path
+    shutil.rmtree(path) if path.is_dir() else path.unlink()
+
+
+def _cut_rank1_file(step_dir):
+  path = _rank1_data(step_dir)
+  with open(path, "r+b") as f:
+    f.truncate(os.path.getsize(path) // 2)
+
+
+def _flip_rank1_byte(step_dir):
+  path = _rank1_data(step_dir)
+  with open(path, "r+b") as f:
+    f.seek(os.path.getsize(path) // 2)
+    byte = f.read(1)
+    f.seek(-1, os.SEEK_CUR)
+    f.write(bytes([byte[0] ^ 0xFF]))
+
+
+# How process 1 can hold less of step 4 than process 0, and what process 1 then says.
+DISAGREEMENTS = {
+    "missing": (_lose_rank1_part, " is missing"),
+    "partial": (_cut_rank1_file, " bytes, "),
+    "corrupted": (_flip_rank1_byte, "its SHA-256 differs"),
+}
+
+
+def test_processes_that_disagree_restore_the_same_step(restarted, tmp_path, cache):
+  """Process 1's part of step 4 lost, cut short or corrupted (orbax would read the last silently):
+  both processes restore step 2, the newest both have completely, and say so; step 4 is moved aside."""
+  checkpointed = restarted[0]  # sealed checkpoints of steps 2 and 4
+  assert sorted(os.listdir(checkpointed / "checkpoints")) == ["2", "4"]
+  for case, (damage, _) in DISAGREEMENTS.items():
+    shutil.copytree(checkpointed, tmp_path / f"onebit@{case}")
+    damage(tmp_path / f"onebit@{case}" / "checkpoints" / "4")
+  names = [f"onebit@{case}" for case in DISAGREEMENTS]
+  logs, _ = wait(launch(tmp_path, names, "--steps=4", "--checkpoint_every=2", "--stop_after_steps=0",
+                        cache=cache))
+  said = ("restoring the checkpoint of step 2: the newest that every process (2) has completely and "
+          "reads (moved aside: step(s) 4)")
+  for log in logs:
+    assert all(s == {"steps": 2, "stopped_early": True} for s in summaries(log).values()), log[-3000:]
+    assert len(summaries(log)) == len(DISAGREEMENTS) and log.count(said) == len(DISAGREEMENTS), log[-3000:]
+  for case, (_, cause) in DISAGREEMENTS.items():
+    reports = [[line for line in log.splitlines() if f"onebit@{case}" in line and "cannot be read" in line]
+               for log in logs]
+    assert len(reports[1]) == 1 and f"process 1: " in reports[1][0] and cause in reports[1][0], reports[1]
+    assert len(reports[0]) == 1 and "process 1: failed (see its log)" in reports[0][0], reports[0]
+    workdir = tmp_path / f"onebit@{case}"
+    assert sorted(os.listdir(workdir / "checkpoints")) == ["2"]
+    assert sorted(os.listdir(workdir / "checkpoints.damaged")) == ["4"]
