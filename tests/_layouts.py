@@ -8,6 +8,7 @@ check that by declaring them unmapped) and the worker-local state batched.
 
 import jax
 import numpy as np
+import optax
 import pytest
 from jax.sharding import PartitionSpec as P
 
@@ -167,6 +168,23 @@ def assert_error_feedback_conserves(tx, workers=4, steps=12, shape=(6, 9)):
 
 
 _VMAPPED = {}
+
+
+def vmap_train(tx, grads_fn, steps, params, workers, axis_name="w"):
+  """``steps`` updates of ``tx`` over ``workers`` vmapped workers, shared parameters: the params and every state.
+
+  ``grads_fn(t)`` gives step ``t``'s gradients, a row per worker; each state is copied to the host.
+  """
+  state = parallel.replicate_workers(tx.init(params), workers)
+  axes = parallel.worker_axes(state)
+  step = jax.jit(jax.vmap(lambda p, s, g: tx.update(g, s, p), in_axes=(None, axes, 0),
+                          out_axes=(None, axes), axis_name=axis_name))
+  states = []
+  for t in range(steps):
+    updates, state = step(params, state, grads_fn(t))
+    params = optax.apply_updates(params, updates)
+    states.append(jax.device_get(state))
+  return params, states
 
 
 def vmap_update(tx, grads, state):

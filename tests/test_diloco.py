@@ -12,7 +12,7 @@ import pytest
 import jaxcomp
 from jaxcomp import parallel
 
-from _layouts import run_layouts, vmap_update
+from _layouts import run_layouts, vmap_train, vmap_update
 
 diloco_lib = importlib.import_module("jaxcomp.compressors.diloco")  # the package exports the function
 
@@ -31,16 +31,7 @@ def _params():
 
 def _run(tx, grads_fn, steps, params):
   """Trains ``params`` with ``tx`` over W vmapped workers; returns the params and every state."""
-  state = parallel.replicate_workers(tx.init(params), W)
-  axes = parallel.worker_axes(state)
-  step = jax.jit(jax.vmap(lambda p, s, g: tx.update(g, s, p), in_axes=(None, axes, 0),
-                          out_axes=(None, axes), axis_name="w"))
-  states = []
-  for t in range(steps):
-    updates, state = step(params, state, grads_fn(t))
-    params = optax.apply_updates(params, updates)
-    states.append(jax.device_get(state))
-  return params, states
+  return vmap_train(tx, grads_fn, steps, params, W)
 
 
 @pytest.mark.parametrize("same_grads", [True, False])

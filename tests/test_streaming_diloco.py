@@ -10,9 +10,8 @@ import optax
 import pytest
 
 import jaxcomp
-from jaxcomp import parallel
 
-from _layouts import run_layouts
+from _layouts import run_layouts, vmap_train
 
 diloco_lib = importlib.import_module("jaxcomp.compressors.diloco")  # the package exports the function
 
@@ -33,17 +32,8 @@ def _grads(t):
 
 def _run(tx, steps):
   """``tx`` over W vmapped workers; the shared params, each worker's local params and each step's state."""
-  params = _params()
-  state = parallel.replicate_workers(tx.init(params), W)
-  axes = parallel.worker_axes(state)
-  step = jax.jit(jax.vmap(lambda p, s, g: tx.update(g, s, p), in_axes=(None, axes, 0),
-                          out_axes=(None, axes), axis_name="w"))
-  states = []
-  for t in range(steps):
-    updates, state = step(params, state, _grads(t))
-    params = optax.apply_updates(params, updates)
-    states.append(jax.device_get(state))
-  local = jax.tree.map(lambda p, o: p + o, params, state.offset.residual)
+  params, states = vmap_train(tx, _grads, steps, _params(), W)
+  local = jax.tree.map(lambda p, o: p + o, params, states[-1].offset.residual)
   return params, local, states
 
 
