@@ -457,10 +457,15 @@ def replicate_workers(state: Any, num_workers: int) -> Any:
   (:func:`check_state`), not broadcast.
   """
   _check_wrappers(state)
-  shards = lambda x: isinstance(x, core.ShardLocal)
-  check_state([x for x in jax.tree.leaves(state, is_leaf=shards) if shards(x)], num_workers)
-  broadcast = lambda x: x if shards(x) else jax.tree.map(lambda a: jnp.broadcast_to(a, (num_workers,) + jnp.shape(a)), x)
-  return mark_laid_out(jax.tree.map(lambda x: broadcast(x) if _is_local(x) else x, state, is_leaf=_is_local))
+  is_shards = lambda x: isinstance(x, core.ShardLocal)
+  check_state([x for x in jax.tree.leaves(state, is_leaf=is_shards) if is_shards(x)], num_workers)
+
+  def lay_out(x):
+    if not _is_local(x) or is_shards(x):
+      return x
+    return jax.tree.map(lambda a: jnp.broadcast_to(a, (num_workers,) + jnp.shape(a)), x)
+
+  return mark_laid_out(jax.tree.map(lay_out, state, is_leaf=_is_local))
 
 
 def mark_laid_out(state: Any) -> Any:

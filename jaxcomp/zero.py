@@ -155,7 +155,7 @@ class _Sharding(NamedTuple):
       compression = jax.jit(lambda p: _only_compression(self.tx.init(p)))(params)
       rows = jax.jit(jax.vmap(lambda p: _without_compression(self.tx.init(p))))(self.rows(params))
       _check_chain(compression, rows)
-      cut = self.cut(params)
+      cut = self.cut(params, rows)
     try:
       replicated = _merged(compression, jax.tree.map(lambda a, c: optax.MaskedNode() if c else a[0], rows, cut))
     except ValueError as e:
@@ -176,22 +176,22 @@ class _Sharding(NamedTuple):
                 for lay in self.lays(params, self.num_workers)]
     return GatherState(jax.random.PRNGKey(self.seed), core.ShardLocal(treedef.unflatten(residual), {}))
 
-  def cut(self, params: Any) -> Any:
+  def cut(self, params: Any, rows: Any) -> Any:
     """Which leaves of the chain's state (not its compression transform's) follow the parameters' chunks.
 
-    Read off two abstract inits (nothing is allocated): one with every cut
-    parameter's chunk, one with each a value longer. A leaf whose shape
-    moves is per shard; one that does not (a step count, the state of a
-    tensor kept whole) is the same on every worker and stays replicated.
+    ``rows`` is the state init made from every worker's chunks (a leading
+    worker axis); it is compared with an abstract init (nothing allocated)
+    from chunks a value longer. A leaf whose shape moves is per shard; one
+    that does not (a step count, the state of a tensor kept whole) is the
+    same on every worker and stays replicated.
     """
     leaves, treedef = jax.tree.flatten(params)
     lays = self.lays(params, self.num_workers)
-    abstract = lambda extra: treedef.unflatten([
-        jax.ShapeDtypeStruct(jnp.shape(a) if lay is None else (lay.chunk + extra,), jnp.result_type(a))
+    longer = treedef.unflatten([
+        jax.ShapeDtypeStruct(jnp.shape(a) if lay is None else (lay.chunk + 1,), jnp.result_type(a))
         for a, lay in zip(leaves, lays)])
-    init = lambda p: _without_compression(self.tx.init(p))
-    chunked, longer = jax.eval_shape(init, abstract(0)), jax.eval_shape(init, abstract(1))
-    return jax.tree.map(lambda a, b: a.shape != b.shape, chunked, longer)
+    longer = jax.eval_shape(lambda p: _without_compression(self.tx.init(p)), longer)
+    return jax.tree.map(lambda a, b: jnp.shape(a)[1:] != b.shape, rows, longer)
 
   def rows(self, params: Any) -> Any:
     """Every worker's shard of ``params``, stacked: ``(num_workers, chunk)`` a cut leaf, a copy each of a whole one."""
