@@ -73,17 +73,21 @@ DILOCO = {f"diloco.h{h}{'_int8' if ex else ''}": {"inner_steps": h, **({"exchang
 
 # Streaming DiLoCo's rows (arXiv:2501.18512, Alg. 2): H inner AdamW steps, F fragments whose sends
 # are staggered over them, each fragment's outer step τ inner steps after its send (the workers'
-# fragments merged with α = 0.5), float32 or 4-bit E3M0 outer gradients. H = 50 and H = 10 (the
-# best H of DiLoCo's sweep, DILOCO_FINDING); one fragment a tensor only at H = 50 (the GPT has 28
-# tensors and a fragment sends at a step of its own). F = 1, τ = 0 in float32 is diloco.h<H>.
-STREAMING_H = (10, 50)
-STREAMING_FRAGMENTS = (1, 4, "tensors")
-STREAMING_DELAYS = (0, 1, 5)
-STREAMING = {
-    f"diloco.h{h}.f{f}.t{tau}{'_fp4' if ex else ''}": {
-        "inner_steps": h, "fragments": f, "delay": tau, **({"exchange": ex} if ex else {})}
-    for h in STREAMING_H for f in STREAMING_FRAGMENTS for tau in STREAMING_DELAYS for ex in (None, "fp4")
-    if (f, tau, ex) != (1, 0, None) and not (f == "tensors" and h < 50)}
+# fragments merged with α = 0.5), float32 or 4-bit E3M0 outer gradients. One factor at a time around
+# a base row (STREAMING_BASE: H = 50, 4 fragments, τ = 1, float32): fragments 1 / 4 / one a tensor
+# (the GPT has 28 tensors), τ 0 / 1 / 5, float32 / 4-bit; and the base at H = 10 (the best H of
+# DiLoCo's sweep, DILOCO_FINDING), in float32 and 4-bit. F = 1, τ = 0 in float32 is diloco.h<H>.
+STREAMING_BASE = {"inner_steps": 50, "fragments": 4, "delay": 1}
+STREAMING_CHANGES = ({}, {"fragments": 1}, {"fragments": "tensors"}, {"delay": 0}, {"delay": 5},
+                     {"exchange": "fp4"}, {"inner_steps": 10}, {"inner_steps": 10, "exchange": "fp4"})
+
+
+def _streaming_name(kwargs: dict) -> str:
+  return (f"diloco.h{kwargs['inner_steps']}.f{kwargs['fragments']}.t{kwargs['delay']}"
+          + ("_fp4" if kwargs.get("exchange") else ""))
+
+
+STREAMING = {_streaming_name(kw): kw for kw in ({**STREAMING_BASE, **change} for change in STREAMING_CHANGES)}
 
 # DeMo's rows (arXiv:2411.19870): the authors' defaults (top 32 of each 64x64 chunk's DCT) and a
 # tighter k. DeMo is the optimizer: plain SGD after it applies the recipe's schedule to its signs,
