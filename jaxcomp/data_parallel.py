@@ -64,6 +64,8 @@ import optax
 
 from jaxcomp import parallel
 from jaxcomp import sharded
+from jaxcomp import zero
+from jaxcomp import zero_params
 
 
 def data_parallel(worker_step: Callable[..., Any], tx: optax.GradientTransformation, *,
@@ -153,6 +155,8 @@ class DataParallel:
     opt_state = self.tx.init(params)
     opt_state = parallel.replicate_workers(opt_state, self.num_workers(opt_state))
     params = jax.tree.map(jnp.array, params)  # a copy (device_put would alias the caller's buffers)
+    if _shards_params(self.tx):  # ZeRO-3: each worker's chunks (jaxcomp.zero_params)
+      params = self.tx.shard_params(params)
     if self.mesh is None:
       return params, opt_state
     return jax.device_put((params, opt_state), self._shardings(params, opt_state, None)[:2])
@@ -169,7 +173,7 @@ class DataParallel:
     params_shape, state_shape = jax.eval_shape(self.init, params)
     if self.mesh is None:
       return params_shape, state_shape
-    shardings = self._shardings(params, state_shape, None)[:2]
+    shardings = self._shardings(params_shape if _sharded_params(params_shape) else params, state_shape, None)[:2]
     return jax.tree.map(lambda s, where: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=where),
                         (params_shape, state_shape), shardings)
 
@@ -196,7 +200,7 @@ class DataParallel:
       plan = self._plans[key] = self._plan(params, opt_state, batch)
     args = (params, opt_state, batch)
     if plan.shardings is not None and not _is_placed(args, plan.shardings):
-      self._checked(opt_state, batch)  # first: moved as it is, a wrong shape fails in JAX's words
+      self._checked(params, opt_state, batch)  # first: moved as it is, a wrong shape fails in JAX's words
       args = _place(args, plan.shardings)
     return plan, args
 
@@ -221,55 +225,108 @@ class DataParallel:
       return NamedSharding(self.mesh, P())
 
     rows = NamedSharding(self.mesh, P(axes))
-    return (jax.tree.map(param, params), parallel.worker_shardings(opt_state, self.mesh, axes),
+    placed = (parallel.worker_shardings(params, self.mesh, axes) if _sharded_params(params)
+              else jax.tree.map(param, params))
+    return (placed, parallel.worker_shardings(opt_state, self.mesh, axes),
             None if batch is None else jax.tree.map(lambda _: rows, batch))
 
-  def _checked(self, opt_state, batch) -> None:
+  def _checked(self, params, opt_state, batch) -> None:
     n = self.num_workers(opt_state)
     parallel.check_state(opt_state, n)
     parallel.check_batch(batch, n)
+    if _shards_params(self.tx) != bool(_sharded_params(params)):
+      raise ValueError("data_parallel: the parameters are " + ("whole" if _shards_params(self.tx) else "sharded")
+                       + " but the optimizer " + ("shards them" if _shards_params(self.tx) else "does not")
+                       + " (jaxcomp.shard_optimizer(shard_params=...)): make them with step.init(params).")
+    parallel.check_state(params, n)
 
   def _vmapped(self, params, opt_state, batch):
-    self._checked(opt_state, batch)
+    self._checked(params, opt_state, batch)
     return _explained(self._simulated, self.worker_axes(opt_state))(params, opt_state, batch)
 
   def _simulated(self, params, opt_state, batch):
     """Simulated workers (all of them, or a device's): ``vmap`` over the rows of the state and batch."""
-    axes = parallel.worker_axes(opt_state)
-    return jax.vmap(self._one_worker, in_axes=(None, axes, 0), out_axes=(None, axes, 0),
+    axes, param_axes = parallel.worker_axes(opt_state), _param_axes(params)
+    return jax.vmap(self._one_worker, in_axes=(param_axes, axes, 0), out_axes=(param_axes, axes, 0),
                     axis_name=self._axis_name)(params, opt_state, batch)
 
   def _sharded(self, params, opt_state, batch):
     """``shard_map`` over :meth:`device_axes`: a worker per device, or ``vmap`` over each device's workers."""
-    self._checked(opt_state, batch)
+    self._checked(params, opt_state, batch)
     axes = self.device_axes(opt_state)
-    specs = parallel.worker_specs(opt_state, axes)
+    specs, param_specs = parallel.worker_specs(opt_state, axes), parallel.worker_specs(params, axes)
     simulated = self._workers is not None
 
     def device(params, state, batch):  # one worker per device: its slice of the state and batch
       if simulated:  # several: vmap over this device's rows
         return self._simulated(params, state, batch)
-      state, batch = parallel.worker_slice(state, 0), parallel.worker_batch(batch)
+      params, state = parallel.worker_slice((params, state), 0)
+      batch = parallel.worker_batch(batch)
       params, state, aux = _model_axes_auto(self._one_worker, self.mesh, params, state)(params, state, batch)
-      return params, parallel.expand_workers(state), jax.tree.map(lambda a: a[None], aux)
+      params, state = parallel.expand_workers((params, state))
+      return params, state, jax.tree.map(lambda a: a[None], aux)
 
     # Collectives over a vmap axis inside shard_map need its varying-axes check off (jaxcomp.parallel).
-    step = jax.shard_map(device, mesh=self.mesh, in_specs=(P(), specs, P(axes)),
-                         out_specs=(P(), specs, P(axes)), axis_names=set(axes), check_vma=not simulated)
+    step = jax.shard_map(device, mesh=self.mesh, in_specs=(param_specs, specs, P(axes)),
+                         out_specs=(param_specs, specs, P(axes)), axis_names=set(axes), check_vma=not simulated)
     return _explained(step, self.worker_axes(opt_state))(params, opt_state, batch)
 
   def _one_worker(self, params, opt_state, batch):
+    sharded = _sharded_params(params)
+    if sharded:  # ZeRO-3: worker_step sees the whole parameters, gathered; its new chunks are kept
+      params, opt_state = self._gathered(*sharded, opt_state)
     out = self.worker_step(params, opt_state, batch)
     if not isinstance(out, tuple) or len(out) not in (2, 3):
       raise TypeError("worker_step must return (params, opt_state) or (params, opt_state, aux); got "
                       f"{type(out).__name__}{'' if not isinstance(out, tuple) else f' of {len(out)}'}.")
     params, opt_state, aux = out if len(out) == 3 else (*out, None)
+    if sharded:
+      params = self._kept(*sharded, params)
     return params, opt_state, jax.tree.map(jnp.asarray, aux)
+
+  def _gathered(self, places: "_Places", where: int, opt_state: Any) -> tuple[Any, Any]:
+    """The parameters with their sharded part gathered whole (:meth:`jaxcomp.zero.ShardedTransformation.gather_params`)."""
+    whole, opt_state = self.tx.gather_params(places[where], opt_state)
+    return places.treedef.unflatten(places[:where] + [whole] + places[where + 1:]), opt_state
+
+  def _kept(self, places: "_Places", where: int, params: Any) -> Any:
+    """The new parameters with their sharded part cut to this worker's chunks again."""
+    new = places.treedef.flatten_up_to(params)
+    return places.treedef.unflatten(new[:where] + [self.tx.keep_shard(new[where])] + new[where + 1:])
 
   def __repr__(self):
     where = ", ".join(([f"workers={self._workers}"] if self._workers is not None else [])
                       + ([f"mesh={dict(self.mesh.shape)}"] if self.mesh is not None else []))
     return f"DataParallel({getattr(self.worker_step, '__name__', 'worker_step')}, {where})"
+
+
+def _shards_params(tx: Any) -> bool:
+  """Whether ``tx`` shards the parameters too (:func:`jaxcomp.shard_optimizer` with ``shard_params=True``)."""
+  return isinstance(tx, zero.ShardedTransformation)
+
+
+class _Places(list):
+  """The leaves of a tree flattened down to its :class:`~jaxcomp.zero_params.ShardedParams`, with the treedef."""
+
+  def __init__(self, leaves, treedef):
+    super().__init__(leaves)
+    self.treedef = treedef
+
+
+def _sharded_params(params: Any) -> Optional[tuple[_Places, int]]:
+  """Where ``params`` holds its :class:`~jaxcomp.zero_params.ShardedParams` (the whole tree, or a part of it, as
+  ``(params, batch_stats)``): its places and the index, or ``None`` (refused: more than one)."""
+  is_sharded = lambda x: isinstance(x, zero_params.ShardedParams)
+  leaves, treedef = jax.tree.flatten(params, is_leaf=is_sharded)
+  where = [i for i, x in enumerate(leaves) if is_sharded(x)]
+  if len(where) > 1:
+    raise ValueError(f"data_parallel: the parameters hold {len(where)} jaxcomp ShardedParams; a step gathers one.")
+  return (_Places(leaves, treedef), where[0]) if where else None
+
+
+def _param_axes(params: Any) -> Any:
+  """``vmap`` axes of the parameters: shared (``None``), or a row a worker where sharded (ZeRO-3)."""
+  return parallel.worker_axes(params) if _sharded_params(params) else None
 
 
 def _per_shard_states(opt_state: Any) -> list[sharded.PerShardState]:

@@ -59,6 +59,7 @@ import optax
 
 from jaxcomp import core
 from jaxcomp import parallel
+from jaxcomp import zero_params
 from jaxcomp.count import Count
 from jaxcomp.exchange import buckets
 from jaxcomp.exchange import scatter
@@ -97,8 +98,9 @@ class GatherState(NamedTuple):
 
 def shard_optimizer(tx: optax.GradientTransformation, *, axis_name: parallel.AxisName, num_workers: int,
                     align: int = scatter.DEFAULT_ALIGN, bucket_bytes: int = buckets.DEFAULT_BUCKET_BYTES,
-                    gather: Optional[core.Compressor] = None, seed: int = 0) -> optax.GradientTransformationExtraArgs:
-  """``tx`` with its state sharded over the workers (see the module docstring).
+                    gather: Optional[core.Compressor] = None, seed: int = 0, shard_params: bool = False,
+                    param_gather: Optional[core.Compressor] = None):
+  """``tx`` with its state sharded over the workers (see the module docstring), and its parameters if asked.
 
   Args:
     tx: the chain, starting with a compression transform over ``axis_name``.
@@ -117,21 +119,69 @@ def shard_optimizer(tx: optax.GradientTransformation, *, axis_name: parallel.Axi
       next one, so the parameters lag the float ones by at most one residual.
       Every worker decodes the same payloads: the replicas stay identical.
     seed: seeds the key of a stochastic ``gather`` codec.
+    shard_params: also shard the parameters (ZeRO stage 3,
+      :mod:`jaxcomp.zero_params`): each worker stores its chunks only, and
+      gathers the parameters at the start of a step. The updates are then
+      not gathered: they come back zero outside this worker's chunks.
+      ``jaxcomp.data_parallel`` runs the steps around ``worker_step``.
+    param_gather: with ``shard_params``, a deterministic compressor for the
+      parameters' all-gather (qwZ: ``jaxcomp.Int8()`` or a block quantizer);
+      ``None``: float, and the step is the replicated one. Each worker's own
+      chunk stays exact: no error feedback is needed.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` whose updates are whole
     (the same on every worker) and whose state is a
-    :class:`ShardedOptimizerState`.
+    :class:`ShardedOptimizerState`; with ``shard_params``, a
+    :class:`ShardedTransformation` (the same ``init`` and ``update``, and the
+    parameters' steps).
   """
   if not isinstance(num_workers, int) or num_workers < 1:
     raise ValueError(f"num_workers must be a positive int; got {num_workers!r}.")
   scatter.split(0, 1, align)  # validates align
   buckets.check_bucket_bytes(bucket_bytes)
-  if gather is not None and (two_phase.unsupported(gather) or gather.plain_compressor is not None):
-    raise ValueError(f"jaxcomp.shard_optimizer(gather={type(gather).__name__}(...)): the updates' all-gather takes "
-                     "a compressor with a fixed-size payload of its own (int8, TernGrad, QSGD, ...).")
-  sharding = _Sharding(tx, axis_name, num_workers, align, bucket_bytes, gather, seed)
+  for name, codec in (("gather", gather), ("param_gather", param_gather)):
+    _check_gather_codec(name, codec)
+  if param_gather is not None and (not shard_params or codec_is_stochastic(param_gather)):
+    raise ValueError(f"jaxcomp.shard_optimizer(param_gather={type(param_gather).__name__}(...)) takes "
+                     "shard_params=True and a deterministic codec (int8, a block quantizer): the master chunks are "
+                     "encoded afresh every step, so a stochastic one would need a key of its own.")
+  sharding = _Sharding(tx, axis_name, num_workers, align, bucket_bytes, gather, seed, shard_params, param_gather)
+  if shard_params:
+    return ShardedTransformation(sharding.init, sharding.update, sharding.shard_params, sharding.gather_params,
+                                 sharding.keep_shard, sharding.unshard)
   return optax.GradientTransformationExtraArgs(sharding.init, sharding.update)
+
+
+class ShardedTransformation(NamedTuple):
+  """:func:`shard_optimizer` with ``shard_params=True``: optax's ``init`` and ``update``, and the parameters' steps.
+
+  ``jaxcomp.data_parallel`` calls them around ``worker_step``; a step built
+  by hand (inside its ``vmap``/``shard_map`` over the workers) does::
+
+    params, opt_state = tx.gather_params(sharded, opt_state)   # the whole parameters
+    grads = jax.grad(loss)(params, batch)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    sharded = tx.keep_shard(optax.apply_updates(params, updates))
+  """
+
+  init: Any  # params -> ShardedOptimizerState
+  update: Any  # (grads, state, params) -> (updates zero outside this worker's chunks, state)
+  shard_params: Any  # whole params -> every worker's ShardedParams (rows; at init, outside a step)
+  gather_params: Any  # inside a step: (ShardedParams, state) -> (whole params, state with the gather's bytes)
+  keep_shard: Any  # inside a step: whole params -> this worker's ShardedParams
+  unshard: Any  # every worker's ShardedParams -> whole params (outside a step: no exchange)
+
+
+def codec_is_stochastic(codec: core.Compressor) -> bool:
+  """Whether ``codec`` draws random numbers (an unbiased quantizer)."""
+  return bool(codec.unbiased)
+
+
+def _check_gather_codec(name: str, codec: Optional[core.Compressor]) -> None:
+  if codec is not None and (two_phase.unsupported(codec) or codec.plain_compressor is not None):
+    raise ValueError(f"jaxcomp.shard_optimizer({name}={type(codec).__name__}(...)): an all-gather takes a "
+                     "compressor with a fixed-size payload of its own (int8, TernGrad, QSGD, ...).")
 
 
 class _Sharding(NamedTuple):
@@ -142,6 +192,8 @@ class _Sharding(NamedTuple):
   bucket_bytes: int
   gather: Optional[core.Compressor]
   seed: int
+  stage3: bool = False  # shard_params=True
+  param_gather: Optional[core.Compressor] = None
 
   def lays(self, tree: Any, workers: int) -> list[Optional[two_phase.Split]]:
     """Each leaf's cut over ``workers`` (float leaves only: others pass the compressor untouched)."""
@@ -164,7 +216,8 @@ class _Sharding(NamedTuple):
                        f"beyond its size); it cannot be sharded. ({str(e).splitlines()[0]})") from None
     local = jax.tree.map(lambda a, c: a if c else optax.MaskedNode(), rows, cut)
     zero = Count.of(jnp.zeros((self.num_workers,), jnp.uint32))
-    return ShardedOptimizerState(replicated, core.ShardLocal(local, {k: zero for k in GATHER_METRICS}),
+    keys = GATHER_METRICS + (("gather_received",) if self.stage3 else ())
+    return ShardedOptimizerState(replicated, core.ShardLocal(local, {k: zero for k in keys}),
                                  self.init_gather(params))
 
   def init_gather(self, params: Any) -> Optional[GatherState]:
@@ -203,25 +256,83 @@ class _Sharding(NamedTuple):
   # -- update --------------------------------------------------------------------------------------
 
   def update(self, updates: Any, state: ShardedOptimizerState, params: Any = None, **extra_args):
-    workers = parallel.axis_size(self.axis_name)
-    if workers != self.num_workers:
-      raise ValueError(f"jaxcomp.shard_optimizer(num_workers={self.num_workers}) runs over {workers} workers "
-                       f"of {self.axis_name!r}: its state is cut for {self.num_workers}.")
+    workers = self.workers()
     lays = self.lays(updates, workers)
     index = parallel.axis_index(self.axis_name) if workers > 1 else 0
     chain_state = _merged(state.replicated, state.local.residual)
     with scatter.scattering(self.align, axis_name=self.axis_name, lays=lays, traffic=transport.Traffic()) as context:
       shards, chain_state = self.tx.update(updates, chain_state, _shards(params, lays, index), **extra_args)
-    whole, traffic, gather = self.gathered(shards, lays, updates, state.gather, index)
-    metrics = {"gather_bytes": traffic.sent, "bytes_on_wire": traffic.sent + context.traffic.sent,
-               "received_bytes": traffic.received + context.traffic.received}
+    if self.stage3:  # the parameters were gathered (gather_params): each worker keeps its chunk's update
+      whole, gather = self.placed(shards, lays, updates, index), state.gather
+      sent, received = state.local.metrics["gather_bytes"], state.local.metrics["gather_received"]
+    else:
+      whole, traffic, gather = self.gathered(shards, lays, updates, state.gather, index)
+      sent, received = traffic.sent, traffic.received
+    metrics = {"gather_bytes": sent, "bytes_on_wire": sent + context.traffic.sent,
+               "received_bytes": received + context.traffic.received}
     return whole, self.new_state(state, chain_state, metrics, gather)
+
+  def workers(self) -> int:
+    """The size of the worker axis (inside a step), checked against ``num_workers``."""
+    workers = parallel.axis_size(self.axis_name)
+    if workers != self.num_workers:
+      raise ValueError(f"jaxcomp.shard_optimizer(num_workers={self.num_workers}) runs over {workers} workers "
+                       f"of {self.axis_name!r}: its state is cut for {self.num_workers}.")
+    return workers
+
+  def placed(self, shards: Any, lays: list, like: Any, index: Any) -> Any:
+    """The updates whole-shaped, each cut tensor's zero outside this worker's chunk (nothing exchanged)."""
+    leaves, treedef = jax.tree.flatten(shards)
+    shapes = [jnp.shape(a) for a in jax.tree.leaves(like)]
+    return treedef.unflatten([u if lay is None else zero_params.placed(u, lay, shape, index)
+                              for u, lay, shape in zip(leaves, lays, shapes)])
+
+  # -- sharded parameters (shard_params=True) -------------------------------------------------------
+
+  def shard_params(self, params: Any) -> zero_params.ShardedParams:
+    """Every worker's chunks of ``params`` (outside a step: at init, or from whole parameters restored)."""
+    return zero_params.shard(params, self.lays(params, self.num_workers))
+
+  def cut_lays(self, sharded: zero_params.ShardedParams, workers: int) -> list:
+    places, _, _ = zero_params.positions(sharded)
+    return [scatter.split(core.size_of(p.shape), workers, self.align) if isinstance(p, zero_params.Cut) else None
+            for p in places]
+
+  def unshard(self, sharded: zero_params.ShardedParams) -> Any:
+    """The whole parameters from every worker's rows (outside a step: no exchange)."""
+    return zero_params.unshard(sharded, self.cut_lays(sharded, self.num_workers))
+
+  def keep_shard(self, params: Any) -> zero_params.ShardedParams:
+    """Inside a step: this worker's chunks of the new whole ``params``."""
+    workers = self.workers()
+    index = parallel.axis_index(self.axis_name) if workers > 1 else 0
+    return zero_params.own(params, self.lays(params, workers), index)
+
+  def gather_params(self, sharded: zero_params.ShardedParams, state: ShardedOptimizerState):
+    """Inside a step: the whole parameters from every worker's chunks, and ``state`` with the gather's bytes."""
+    workers = self.workers()
+    index = parallel.axis_index(self.axis_name) if workers > 1 else 0
+    places, treedef, chunks = zero_params.positions(sharded)
+    lays = self.cut_lays(sharded, workers)
+    if self.param_gather is not None:
+      for lay in lays:
+        if lay is not None:
+          scatter.check_compressor(self.param_gather, lay, self.align)
+    key = jax.random.PRNGKey(self.seed)  # a deterministic codec (checked): no draw depends on it
+    steps = [p if lay is None else zero_params.gather_steps(c, p, lay, self.param_gather, key, index)
+             for p, c, lay in zip(places, chunks, lays)]
+    sizes = [4 * core.size_of(jnp.shape(p)) for p in places]
+    results, traffic = buckets.run(steps, sizes, self.bucket_bytes, self.axis_name)
+    total = sum(traffic, transport.Traffic())
+    metrics = {**state.local.metrics, "gather_bytes": total.sent.traced(), "gather_received": total.received.traced()}
+    return treedef.unflatten(results), state._replace(local=state.local._replace(metrics=metrics))
 
   def new_state(self, state: ShardedOptimizerState, chain_state: Any, metrics: dict, gather) -> ShardedOptimizerState:
     """The chain's new state split as ``state`` is (replicated, per shard), with this update's counters."""
     replicated = _like(state.replicated, chain_state, lambda r, x: r if isinstance(r, optax.MaskedNode) else x)
     local = _like(state.replicated, chain_state, lambda r, x: x if isinstance(r, optax.MaskedNode) else optax.MaskedNode())
-    return ShardedOptimizerState(replicated, core.ShardLocal(local, {k: v.traced() for k, v in metrics.items()}), gather)
+    metrics = {**state.local.metrics, **{k: v.traced() for k, v in metrics.items()}}
+    return ShardedOptimizerState(replicated, core.ShardLocal(local, metrics), gather)
 
   def gathered(self, shards: Any, lays: list, like: Any, gather: Optional[GatherState], index: Any):
     """Every worker's update chunks, gathered and laid back whole (messages through the transport).
