@@ -131,3 +131,17 @@ def test_sizes_hold_for_a_billion_parameters():
   sharded = jax.eval_shape(tx.shard_params, big)
   assert sharded.local.residual["w"].shape == (N, -(-2 ** 29 // ALIGN) * ALIGN)
   assert jax.eval_shape(tx.unshard, sharded)["w"].shape == (2 ** 16, 2 ** 15)
+
+
+def test_zeropp_weights_int8_and_gradients_int4_send_under_a_quarter_of_float():
+  """ZeRO++ (qwZ int8 weights, qgZ 4-bit gradients; blocks of 40 values here): the weights' chunks exactly,
+  the gradients' reduce-scatter as stage 1/2 sends it, and a quarter of float ZeRO-3's bytes or less."""
+  qgz = lambda: optax.chain(jaxcomp.blockint(bits=4, block=40, error_feedback=False, axis_name="workers"),
+                            optax.sgd(0.1))
+  _, state, _ = _train(_zero(qgz(), shard_params=True, param_gather=jaxcomp.BlockInt(bits=8, block=40)), steps=1)
+  _, stage2, _ = _train(_zero(qgz()), steps=1)
+  _, float_state, _ = _train(_zero(_chain(optax.sgd(0.1)), shard_params=True), steps=1)
+  m, m2, f = jaxcomp.metrics(state), jaxcomp.metrics(stage2), jaxcomp.metrics(float_state)
+  assert int(m["gather_bytes"]) == CHUNKS + 4 * CHUNKS // 40  # an int8 code a value, a float32 scale a block
+  assert int(m["bytes_on_wire"]) - int(m["gather_bytes"]) == int(m2["bytes_on_wire"]) - int(m2["gather_bytes"])
+  assert int(m["bytes_on_wire"]) / int(f["bytes_on_wire"]) <= 0.25
