@@ -279,6 +279,18 @@ def test_train_step_link_times_each_step_and_reads_its_bytes(pipelined):
   assert (args.pipelined, args.profile) == (pipelined, "d")
 
 
+def test_train_step_link_reports_silent_and_exchanging_steps_apart(tmp_path, capsys):
+  from benchmarks import train_step_link as tsl
+  doc = {"processes": 2, "link": "10mbit", "pipelined": True, "load_average": [3.0, 2.5, 2.0], "results": [
+      {"config": "lenet", "method": "none", "step_time_sec": 0.1, "times_s": [0.1, 0.5, 0.12, 0.1, 0.7],
+       "bytes_on_wire": [0, 100, 0, 0, 100]}]}
+  (tmp_path / "d.json").write_text(json.dumps(doc))
+  assert tsl.main(["--report", str(tmp_path / "d.json")]) == 0
+  # mean 304 ms; silent median 100; exchanging median 600 of 2; beyond silent (0.5 + 0.7) - 2 x 0.1 = 1000 ms
+  assert "| 2 | 10mbit | lenet | `none` | pipelined | 304.0 | 100.0 | 600.0 (2) | 1000 | 3.0 / 2.5 / 2.0 |" in (
+      capsys.readouterr().out)
+
+
 def test_collectives_counts_combined_and_async_collectives():
   """One count per collective: plain, a combined one returning a tuple, and an async start/done pair."""
   text = "\n".join([
