@@ -113,6 +113,12 @@ def _intersection(a: Sequence[tuple[int, int]], b: Sequence[tuple[int, int]]) ->
   return total
 
 
+def _kernels(events: Sequence[Event]) -> list[tuple[int, int]]:
+  """When any kernel of any call ran (:func:`_merged`): not the collectives, wrappers or control flow."""
+  return _merged([(e.start, e.end) for e in events if not e.python and not e.name.startswith(WRAPPERS)
+                  and not COLLECTIVE.match(e.name) and not CONTROL.match(e.name)])
+
+
 def _calls(events: Sequence[Event], call: Optional[str]) -> list[tuple[int, Optional[int]]]:
   """``(start, stop)`` of every jitted call (of the function ``call`` only, if given): from its event
   to the next call's, of any function."""
@@ -128,8 +134,7 @@ def spans(events: Sequence[Event], call: Optional[str] = None, collective=COLLEC
   ``call``: only the calls of that jitted function; ``collective``: only the collectives whose
   names it matches count as such.
   """
-  kernels = _merged([(e.start, e.end) for e in events if not e.python and not e.name.startswith(WRAPPERS)
-                      and not COLLECTIVE.match(e.name) and not CONTROL.match(e.name)])  # of every call
+  kernels = _kernels(events)
   out = []
   for start, stop in _calls(events, call):
     ops = [e for e in events if not e.python and e.start >= start and (stop is None or e.start < stop)
@@ -148,6 +153,14 @@ def spans(events: Sequence[Event], call: Optional[str] = None, collective=COLLEC
                      between=(last - first - busy) * s, tail=(end - last) * s, count=len(coll),
                      overlapped=_intersection(_merged(coll), kernels) * s))
   return out
+
+
+def beside(events: Sequence[Event], collective=COLLECTIVE) -> list[tuple[float, float]]:
+  """``(seconds, overlapped seconds)`` of every collective in ``events`` whose name ``collective``
+  matches: how long it ran, and for how long a kernel (of any call) ran beside it."""
+  kernels = _kernels(events)
+  return [((e.end - e.start) * 1e-9, _intersection([(e.start, e.end)], kernels) * 1e-9)
+          for e in events if not e.python and collective.match(e.name)]
 
 
 def _median(values) -> Optional[float]:

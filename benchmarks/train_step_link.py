@@ -192,7 +192,8 @@ def worker(args) -> int:
       if rank == 0:
         print(f"{name} {method}: median step {results[-1]['step_time_sec']:.3f} s", flush=True)
   return link.finish("train_step_link", results, args.json, steps=args.steps, overrides=args.set,
-                     pipelined=args.pipelined, load_average=os.getloadavg())  # the machine's, at the end
+                     pipelined=args.pipelined, xla_flags=os.environ.get("XLA_FLAGS", ""),
+                     load_average=os.getloadavg())  # the machine's, at the end
 
 
 def _trace(run, args, path: str) -> None:
@@ -313,15 +314,17 @@ def _print_steps(docs) -> None:
   if not rows:
     return
   print()
-  print("| processes | link | config | method | steps | mean step ms | silent step ms (median) "
+  print("| processes | link | config | method | steps, XLA flags | mean step ms | silent step ms (median) "
         "| exchanging step ms (median, count) | exchanging beyond silent, ms in all | load average |")
   print("|---:|---|---|---|---|---:|---:|---:|---:|---|")
   for doc, r in rows:
     busy = [t for t, b in zip(r["times_s"], r["bytes_on_wire"]) if b]
     silent = statistics.median(t for t, b in zip(r["times_s"], r["bytes_on_wire"]) if not b)
     load = " / ".join(f"{v:.1f}" for v in doc.get("load_average", ()))
+    flags = [f for f in doc.get("xla_flags", "").split() if "device_count" not in f]  # beyond the launcher's own
     print(f"| {doc['processes']} | {doc['link']} | {r['config']} | `{r['method']}` | "
-          f"{'pipelined' if doc.get('pipelined') else 'waited'} | {1e3 * statistics.mean(r['times_s']):.1f} | "
+          f"{' '.join(['pipelined' if doc.get('pipelined') else 'waited'] + flags)} | "
+          f"{1e3 * statistics.mean(r['times_s']):.1f} | "
           f"{1e3 * silent:.1f} | {1e3 * statistics.median(busy) if busy else 0:.1f} ({len(busy)}) | "
           f"{1e3 * (sum(busy) - len(busy) * silent):.0f} | {load} |")
 

@@ -56,6 +56,8 @@ def test_overlapped_counts_kernels_beside_a_collective_and_call_keeps_one_functi
   assert exchanging.total == pytest.approx(0.030) and exchanging.lead == pytest.approx(0.002)
   assert silent.count == 0 and silent.total == pytest.approx(0.010)
   assert len(timeline.spans(events)) == 3  # every function's calls
+  (psum,) = timeline.beside(events, timeline.re.compile("psum"))  # over the whole trace
+  assert psum == (pytest.approx(0.010), pytest.approx(0.005))
 
 
 @pytest.mark.parametrize("name,collective", [("all-to-all.3", True), ("all_gather_invariant.2", True),
