@@ -120,7 +120,8 @@ def _registry():
 def launch_self(args, argv, module: str = "benchmarks.link") -> int:
   """Parent mode: runs ``module --worker`` under experiments.launch, ``--devices`` CPU devices per process."""
   from experiments import launch  # pylint: disable=g-import-not-at-top
-  os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={getattr(args, 'devices', 1)}"
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +  # the user's flags kept, e.g. a scheduler's
+                             f" --xla_force_host_platform_device_count={getattr(args, 'devices', 1)}").strip()
   own = ["--processes", str(args.processes)] + (["--link", args.link] if args.link else [])
   own += ["--heartbeat-timeout", str(args.heartbeat_timeout)] if getattr(args, "heartbeat_timeout", None) else []
   return launch.main(own + ["--", "-m", module, "--worker"] + list(argv))

@@ -5,13 +5,19 @@ For each config and method, every process builds the run exactly as
 compressor, mesh over all processes' devices, one worker per process) and
 the median of ``--steps`` whole training steps is taken (gradient,
 compressed exchange over the link, update), after 2 warm-up steps (the first
-compiles), on three real batches in turn.
+compiles), on three real batches in turn. Each step's time and its
+``bytes_on_wire`` (0 on a silent step of DiLoCo) are kept, and ``--report``
+shows the silent and the exchanging steps apart. ``--pipelined`` calls each step
+before the previous one has finished, as a training loop does; ``--profile DIR``
+traces as many steps again for ``benchmarks.timeline``.
 
 Usage::
 
   sudo .venv/bin/python -m benchmarks.train_step_link --processes 2 --link 100mbit \
       --configs lenet,resnet --methods none,terngrad,threelc --json out.json
   .venv/bin/python -m benchmarks.train_step_link --report out1.json out2.json ...
+  sudo .venv/bin/python -m benchmarks.train_step_link --configs gpt_zoo --link 10mbit --steps 150 \
+      --methods diloco:inner_steps=50:fragments=4:delay=1 --pipelined --profile /tmp/steps
 
 ``--set KEY=VALUE`` overrides a config key for every method (e.g.
 ``--set optimizer=sgd`` for 1-bit Adam, which is the optimizer itself).
@@ -30,6 +36,7 @@ import argparse
 import functools
 import inspect
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -67,6 +74,12 @@ def _parse(argv):
   p.add_argument("--steps", type=int, default=5, help="timed steps per method (after 2 warm-up steps)")
   p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                  help="a config override for every method, e.g. optimizer=sgd (repeatable)")
+  p.add_argument("--pipelined", action="store_true",
+                 help="call each step before the previous one's metrics are ready, as a training loop does "
+                      "(JAX's asynchronous dispatch); a step's time is then from the previous step's end to its own")
+  p.add_argument("--profile", default=None, metavar="DIR",
+                 help="after timing, rank 0 traces --steps more steps of each method into DIR/<config>_<method> "
+                      "(jax.profiler; benchmarks.timeline reads them)")
   p.add_argument("--json", default=None)
   p.add_argument("--report", nargs="+", default=None, metavar="JSON")
   p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -117,22 +130,41 @@ def _config(name: str, method: str, processes: int, overrides=()):
   return c
 
 
-def time_steps(run, steps: int) -> list[float]:
-  """Seconds of ``steps`` training steps of ``run`` after 2 warm-up steps."""
+def time_steps(run, steps: int, pipelined: bool = False) -> tuple[list[float], list[int]]:
+  """Seconds of each of ``steps`` training steps of ``run`` after 2 warm-up steps, and its bytes.
+
+  By default a step runs alone: its time is from its call until its metrics are ready, and only
+  then is the next step called. ``pipelined``: the steps are called as a training loop calls
+  them, each before the previous one's metrics are waited for (JAX's asynchronous dispatch), and
+  a step's time is from the previous step's metrics being ready to its own. The bytes are each
+  step's ``bytes_on_wire`` (the transport's count, read after the timing): 0 on a silent step.
+  """
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   it = run.train_pipeline(start_step=0)
   batches = [run.shard_batch(next(it)) for _ in range(3)]
-  state, times = run.init_state(), []
+  keys = [np.asarray(jax.random.fold_in(run.step_root, i)) for i in range(steps + 2)]  # not between the steps
+  state, starts, ready, sent = run.init_state(), [], [], []
+
+  def wait(metrics) -> None:
+    jax.block_until_ready(metrics)
+    ready.append(time.perf_counter())
+
   for i in range(steps + 2):
     images, labels = batches[i % 3]
-    key = np.asarray(jax.random.fold_in(run.step_root, i))
-    t0 = time.perf_counter()
-    state, metrics = run.train_step(state, images, labels, key)
-    jax.block_until_ready(metrics)
-    if i >= 2:
-      times.append(time.perf_counter() - t0)
-  return times
+    starts.append(time.perf_counter())
+    state, metrics = run.train_step(state, images, labels, keys[i])
+    if pipelined and sent:
+      wait(sent[-1])
+    elif not pipelined:
+      wait(metrics)
+    sent.append(metrics)
+  if pipelined:
+    wait(sent[-1])
+    times = [b - a for a, b in zip(ready[1:], ready[2:])]
+  else:
+    times = [b - a for a, b in zip(starts[2:], ready[2:])]
+  return times, [int(m.get("bytes_on_wire", 0)) for m in sent[2:]]
 
 
 def worker(args) -> int:
@@ -149,12 +181,30 @@ def worker(args) -> int:
     for method in args.methods.split(","):
       with tempfile.TemporaryDirectory() as workdir:
         run = build.build(_config(name, method, jax.process_count(), args.set), workdir)
-        times = time_steps(run, args.steps)
+        tcp = link.tcp_counters()
+        times, sent = time_steps(run, args.steps, args.pipelined)
+        tcp = tcp and [b - a for a, b in zip(tcp, link.tcp_counters())]
+        if args.profile:
+          _trace(run, args, os.path.join(args.profile, f"{name}_{method}".replace(":", "_").replace("=", "-")))
       results.append({"config": name, "method": method, "step_time_sec": statistics.median(times),
-                      "times_s": times})
+                      "mean_step_time_sec": statistics.mean(times), "times_s": times, "bytes_on_wire": sent,
+                      **({"link_retransmitted_bytes": tcp[1]} if tcp else {})})
       if rank == 0:
         print(f"{name} {method}: median step {results[-1]['step_time_sec']:.3f} s", flush=True)
-  return link.finish("train_step_link", results, args.json, steps=args.steps, overrides=args.set)
+  return link.finish("train_step_link", results, args.json, steps=args.steps, overrides=args.set,
+                     pipelined=args.pipelined, xla_flags=os.environ.get("XLA_FLAGS", ""),
+                     load_average=os.getloadavg())  # the machine's, at the end
+
+
+def _trace(run, args, path: str) -> None:
+  """Every process runs ``--steps`` more steps (after 2 warm-up steps); rank 0 traces them into ``path``."""
+  import jax  # pylint: disable=g-import-not-at-top
+  tracing = jax.process_index() == 0
+  if tracing:
+    jax.profiler.start_trace(path)
+  time_steps(run, args.steps, args.pipelined)
+  if tracing:
+    jax.profiler.stop_trace()
 
 
 # The optimizer wrappers that exchange on one step in a period: the keyword argument of the period.
@@ -253,7 +303,30 @@ def report(paths) -> int:
     eff = "" if speedup is None or method == "none" else f"{speedup / ratio:.2f}"
     print(f"| {p} | {link} | {config} | `{method}` | {t:.3f} | "
           f"{'' if speedup is None else f'{speedup:.2f}'} | {nbytes:,} | {ratio:.1f} | {eff} |")
+  _print_steps(docs)
   return 0
+
+
+def _print_steps(docs) -> None:
+  """Where a document has each step's bytes: its silent and exchanging steps apart, and the time
+  the exchanging ones took beyond a silent step, summed over the timed steps."""
+  rows = [(doc, r) for doc in docs for r in doc["results"] if isinstance(r.get("bytes_on_wire"), list)]
+  if not rows:
+    return
+  print()
+  print("| processes | link | config | method | steps, XLA flags | mean step ms | silent step ms (median) "
+        "| exchanging step ms (median, count) | exchanging beyond silent, ms in all | load average |")
+  print("|---:|---|---|---|---|---:|---:|---:|---:|---|")
+  for doc, r in rows:
+    busy = [t for t, b in zip(r["times_s"], r["bytes_on_wire"]) if b]
+    silent = statistics.median(t for t, b in zip(r["times_s"], r["bytes_on_wire"]) if not b)
+    load = " / ".join(f"{v:.1f}" for v in doc.get("load_average", ()))
+    flags = [f for f in doc.get("xla_flags", "").split() if "device_count" not in f]  # beyond the launcher's own
+    print(f"| {doc['processes']} | {doc['link']} | {r['config']} | `{r['method']}` | "
+          f"{' '.join(['pipelined' if doc.get('pipelined') else 'waited'] + flags)} | "
+          f"{1e3 * statistics.mean(r['times_s']):.1f} | "
+          f"{1e3 * silent:.1f} | {1e3 * statistics.median(busy) if busy else 0:.1f} ({len(busy)}) | "
+          f"{1e3 * (sum(busy) - len(busy) * silent):.0f} | {load} |")
 
 
 def _print_pivot(rows) -> None:

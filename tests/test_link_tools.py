@@ -249,6 +249,48 @@ def test_train_step_link_checks_arguments_and_reports(tmp_path, capsys):
   assert f"| lenet | `terngrad` | {ratio:.1f} | 5.00× |" in out
 
 
+class _FakeRun:
+  """What ``train_step_link.time_steps`` uses of a built run: a step sending 100 bytes on every third step."""
+
+  def __init__(self):
+    import jax  # pylint: disable=g-import-not-at-top
+    import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+    self.step_root = jax.random.PRNGKey(0)
+    self.train_step = jax.jit(lambda s, x, y, k: (s + 1, {"bytes_on_wire": jnp.where(s % 3 == 2, 100, 0)}))
+
+  def train_pipeline(self, start_step):
+    return iter(range(start_step, 1000))
+
+  def shard_batch(self, batch):
+    return batch, batch
+
+  def init_state(self):
+    import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+    return jnp.zeros((), jnp.int32)
+
+
+@pytest.mark.parametrize("pipelined", [False, True])
+def test_train_step_link_times_each_step_and_reads_its_bytes(pipelined):
+  from benchmarks import train_step_link as tsl
+  times, sent = tsl.time_steps(_FakeRun(), 6, pipelined)
+  assert len(times) == 6 and all(t > 0 for t in times)
+  assert sent == [100, 0, 0, 100, 0, 0]  # steps 2..7, after the 2 warm-up steps
+  args = tsl._parse(["--configs", "gpt_zoo", "--methods", "none", "--profile", "d"] + ["--pipelined"] * pipelined)  # pylint: disable=protected-access
+  assert (args.pipelined, args.profile) == (pipelined, "d")
+
+
+def test_train_step_link_reports_silent_and_exchanging_steps_apart(tmp_path, capsys):
+  from benchmarks import train_step_link as tsl
+  doc = {"processes": 2, "link": "10mbit", "pipelined": True, "load_average": [3.0, 2.5, 2.0], "results": [
+      {"config": "lenet", "method": "none", "step_time_sec": 0.1, "times_s": [0.1, 0.5, 0.12, 0.1, 0.7],
+       "bytes_on_wire": [0, 100, 0, 0, 100]}]}
+  (tmp_path / "d.json").write_text(json.dumps(doc))
+  assert tsl.main(["--report", str(tmp_path / "d.json")]) == 0
+  # mean 304 ms; silent median 100; exchanging median 600 of 2; beyond silent (0.5 + 0.7) - 2 x 0.1 = 1000 ms
+  assert "| 2 | 10mbit | lenet | `none` | pipelined | 304.0 | 100.0 | 600.0 (2) | 1000 | 3.0 / 2.5 / 2.0 |" in (
+      capsys.readouterr().out)
+
+
 def test_collectives_counts_combined_and_async_collectives():
   """One count per collective: plain, a combined one returning a tuple, and an async start/done pair."""
   text = "\n".join([

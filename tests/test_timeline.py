@@ -37,6 +37,29 @@ def test_a_call_is_split_into_lead_collectives_between_and_tail():
                                   count=0)
 
 
+def test_overlapped_counts_kernels_beside_a_collective_and_call_keeps_one_function():
+  events = [
+      E(0, 1, "PjitFunction(step)", True),
+      E(1 * MS, 30 * MS, "conditional.3", False),  # runs the psum: a wrapper, not compute beside it
+      E(2 * MS, 12 * MS, "psum.4", False),
+      E(5 * MS, 8 * MS, "fusion.1", False),  # on another thread, during the psum: 3 ms hidden
+      E(10 * MS, 20 * MS, "fusion.2", False),  # 2 ms of it within the psum
+      E(20 * MS, 22 * MS, "all-reduce.9", False),  # the metrics' mean: not the exchange
+      E(40 * MS, 41 * MS, "PjitFunction(_threefry_fold_in)", True),  # another function: ends the step
+      E(40 * MS, 41 * MS, "fusion.7", False),
+      E(50 * MS, 51 * MS, "PjitFunction(step)", True),  # a silent step
+      E(50 * MS, 60 * MS, "fusion.1", False),
+  ]
+  exchanging, silent = timeline.spans(events, call="step", collective=timeline.re.compile("psum"))
+  assert exchanging.count == 1 and exchanging.collectives == pytest.approx(0.010)
+  assert exchanging.overlapped == pytest.approx(0.005)
+  assert exchanging.total == pytest.approx(0.030) and exchanging.lead == pytest.approx(0.002)
+  assert silent.count == 0 and silent.total == pytest.approx(0.010)
+  assert len(timeline.spans(events)) == 3  # every function's calls
+  (psum,) = timeline.beside(events, timeline.re.compile("psum"))  # over the whole trace
+  assert psum == (pytest.approx(0.010), pytest.approx(0.005))
+
+
 @pytest.mark.parametrize("name,collective", [("all-to-all.3", True), ("all_gather_invariant.2", True),
                                              ("pmax.7", True), ("all-reduce.1", True), ("psum", True),
                                              ("reduce-scatter", True), ("bitcast_concatenate_fusion.1", False),

@@ -410,8 +410,8 @@ class _Sync:
     """``τ >= 1``: sends after the fragment's inner step, outer step and merge ``τ`` steps later.
 
     The exchange runs on the outer step, on the pseudo-gradient kept since the send: its inputs do
-    not depend on this step's gradients, so the collective may run beside the step's forward and
-    backward passes.
+    not depend on this step's gradients, so a runtime may run the collective beside the step's
+    forward and backward passes (XLA:CPU does not: it runs it first, alone; docs/benchmarks.md).
     """
     pending = state.pending.sent_offset.residual
     results, ex_states, outer_states, sent = [], [], [], state.pending.sent
