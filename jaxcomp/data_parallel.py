@@ -31,7 +31,12 @@ under ``shard_map``, where it keeps each device's gradient its own)::
   at every call): a batch with one row per worker
   (:func:`~jaxcomp.parallel.check_batch`), a state with its worker axis
   (:func:`~jaxcomp.parallel.check_state`), a compressor exchanging over the step's worker axes;
-* ``jax.jit`` with the parameters and state donated (updated in place).
+* ``jax.jit`` with the parameters and state donated (updated in place);
+* with a chain of :func:`jaxcomp.shard_optimizer` ``(..., shard_params=True)``
+  (ZeRO-3), the parameters between steps are each worker's chunks
+  (:class:`~jaxcomp.zero_params.ShardedParams`, also as a part of a tuple such
+  as ``(params, batch_stats)``): they are gathered whole for ``worker_step``
+  and cut again after it.
 
 The layouts, by what ``mesh`` holds (the compressor's ``axis_name`` names the
 same axes):
