@@ -188,6 +188,10 @@ SETTINGS: dict[str, dict] = {
     "fp4": {"kwargs": {},
             "paper": "4-bit E3M0 floats with a per-tensor scale (Streaming DiLoCo, arXiv:2501.18512, §2.4's "
                      "outer-gradient format), on the gradients, no error feedback"},
+    "blockint": {"kwargs": {"bits": 4, "error_feedback": False},
+                 "paper": "ZeRO++'s qgZ (Wang et al., arXiv:2306.10209, §3.3): the gradients in 4-bit block-based "
+                          "symmetric quantization, one float32 scale per block of 2,560 values, round to nearest, "
+                          "no error feedback (the paper describes none)"},
     "demo": {"kwargs": {}, "config": {"optimizer": "sgd", "learning_rate": SIGN_LR},
              "paper": "DeMo (Peng et al., arXiv:2411.19870) Alg. 1 at the authors' defaults: each worker's "
                       "momentum (β 0.999), the top 32 DCT coefficients of each 64x64 chunk on the wire, what was "

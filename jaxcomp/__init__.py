@@ -51,6 +51,7 @@ from jaxcomp.compressors.half import Half, half
 from jaxcomp.compressors.randomk import RandomK, randomk
 from jaxcomp.compressors.natural import Natural, natural
 from jaxcomp.compressors.fp4 import FP4, fp4
+from jaxcomp.compressors.blockint import BlockInt, blockint
 from jaxcomp.compressors.demo import DCTTopK, demo
 from jaxcomp.count import Count
 from jaxcomp.data_parallel import DataParallel, data_parallel
@@ -105,6 +106,7 @@ __all__ = [
     "randomk",
     "natural",
     "fp4",
+    "blockint",
     "local_steps",
     "diloco",
     "local_params",
@@ -131,6 +133,7 @@ __all__ = [
     "RandomK",
     "Natural",
     "FP4",
+    "BlockInt",
     "DCTTopK",
     # the registry experiment configs pick compressors from
     "REGISTRY",

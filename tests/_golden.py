@@ -53,8 +53,9 @@ SHAPES = {
     "head_bias": (10,),
     "scale": (),
 }
-# Settings that make a compressor act within three steps (DGC's warm-up would hide its sparsity).
-KWARGS = {"dgc": {"warmup_steps": 0}}
+# Settings that make a compressor act within three steps (DGC's warm-up would hide its sparsity), or on
+# these small tensors (blockint's default block of 2,560 values would hold each whole).
+KWARGS = {"dgc": {"warmup_steps": 0}, "blockint": {"bits": 4, "block": 64}}
 # Layouts under vmap: the keyword arguments each adds to the factory.
 VMAP_LAYOUTS = {
     "vmap": {},

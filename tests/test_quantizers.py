@@ -1,4 +1,4 @@
-"""QSGD, 3LC, int8, stochastic ternary, signSGD and EF-SignSGD: shared requirements, then each one's decisions.
+"""QSGD, 3LC, int8, block int4, stochastic ternary, signSGD, EF-SignSGD: shared requirements, then their decisions.
 
 Shared requirements (every compressor here): jit-able, any float dtype and
 shape (scalars, size 0, sizes off the packing group), zeros in -> zeros out,
@@ -39,9 +39,11 @@ COMPRESSORS = {
     "stochastic_ternary": (jaxcomp.StochasticTernary(), lambda **kw: jaxcomp.stochastic_ternary(**kw)),
     "signsgd": (jaxcomp.SignSGD(), lambda **kw: jaxcomp.signsgd(**kw)),
     "ef_signsgd": (jaxcomp.EFSignSGD(), lambda **kw: jaxcomp.ef_signsgd(**kw)),
+    "blockint4": (jaxcomp.BlockInt(bits=4, block=64), lambda **kw: jaxcomp.blockint(bits=4, block=64, **kw)),
 }
 EF = [k for k, (c, _) in COMPRESSORS.items() if c.error_feedback]
-LAYOUTS = [k for k in COMPRESSORS if k != "qsgd_l2_whole"]  # one QSGD config suffices (compile time)
+# One QSGD config suffices (compile time); block int4's layouts are the golden digests' (tests/_golden.py).
+LAYOUTS = [k for k in COMPRESSORS if k not in ("qsgd_l2_whole", "blockint4")]
 
 
 
@@ -185,6 +187,8 @@ def test_exact_bytes_on_wire():
   assert _bytes(jaxcomp.StochasticTernary(), n) == math.ceil(n / 5) + 4
   assert _bytes(jaxcomp.SignSGD(), n) == math.ceil(n / 8) + 1
   assert _bytes(jaxcomp.EFSignSGD(), n) == math.ceil(n / 8) + 4
+  assert _bytes(jaxcomp.BlockInt(bits=4, block=64), n) == math.ceil(n * 4 / 8) + 4 * math.ceil(n / 64)
+  assert _bytes(jaxcomp.BlockInt(bits=8, block=64), n) == n + 4 * math.ceil(n / 64)
 
 
 def test_registry_and_validation():

@@ -15,6 +15,7 @@ from jax.sharding import PartitionSpec as P
 import jaxcomp
 from jaxcomp import parallel
 from jaxcomp.exchange import two_phase as tp
+from jaxcomp.compressors.blockint import BlockInt
 from jaxcomp.compressors.int8 import Int8
 from jaxcomp.compressors.powersgd import PowerSGD
 from jaxcomp.compressors.qsgd import QSGD
@@ -91,7 +92,8 @@ def test_refusals_are_clear():
         jnp.ones((4, 100)), jax.random.split(jax.random.PRNGKey(0), 4))
 
 
-@pytest.mark.parametrize("comp", [ThreeLC(sparsity=1.5), Int8()], ids=["threelc", "int8"])
+@pytest.mark.parametrize("comp", [ThreeLC(sparsity=1.5), Int8(), BlockInt(bits=4, block=40)],
+                         ids=["threelc", "int8", "blockint4"])
 def test_deterministic_matches_the_reference(comp):
   """The collectives route chunk j of every worker to worker j: same numbers as computed by hand."""
   n_workers, n = 4, 1001

@@ -77,12 +77,18 @@ def test_state_is_a_shard_per_worker():
   assert isinstance(mu["b"], optax.MaskedNode) and isinstance(state.local, jaxcomp.core.ShardLocal)
 
 
-def test_compressed_shard_is_the_two_phase_first_phase():
+# Compressors whose reduce-scatter must be the two-phase exchange's first phase (blocks that divide ALIGN).
+FIRST_PHASE = {"terngrad": lambda **kw: jaxcomp.terngrad(axis_name="workers", error_feedback=True, **kw),
+               "blockint4": lambda **kw: jaxcomp.blockint(bits=4, block=ALIGN, axis_name="workers", **kw)}
+
+
+@pytest.mark.parametrize("name", sorted(FIRST_PHASE))
+def test_compressed_shard_is_the_two_phase_first_phase(name):
   """The same phase-1 payloads as ``exchange="two_phase"`` (the residuals agree bitwise); the shard their mean."""
   sgd = lambda: optax.sgd(1.0)
-  terngrad = lambda **kw: jaxcomp.terngrad(axis_name="workers", error_feedback=True, **kw)
-  sharded = _run(_sharded(optax.chain(terngrad(), sgd())), steps=1)
-  two_phase = _run(optax.chain(terngrad(exchange="two_phase"), sgd()), steps=1)
+  make = FIRST_PHASE[name]
+  sharded = _run(_sharded(optax.chain(make(), sgd())), steps=1)
+  two_phase = _run(optax.chain(make(exchange="two_phase"), sgd()), steps=1)
   residual = lambda state: state[1].replicated[0].local.residual if hasattr(state[1], "replicated") else state[1][0].local.residual
   for got, want in zip(jax.tree.leaves(residual(sharded)), jax.tree.leaves(residual(two_phase))):
     np.testing.assert_array_equal(got, want)
@@ -176,15 +182,23 @@ def test_optimizers_that_look_across_a_tensor_are_refused_by_name(name):
     tx.init(PARAMS)
 
 
-def test_int8_gather_keeps_replicas_identical_and_conserves_the_updates():
-  """gather=Int8(): c + 4 bytes a chunk; sum of applied updates + the residuals = sum of the chain's updates."""
+# The updates' all-gather compressed: the codec, and the bytes of a chunk of c values.
+GATHERS = {"int8": (jaxcomp.Int8(), lambda c: c + 4),
+           "blockint8": (jaxcomp.BlockInt(bits=8, block=ALIGN), lambda c: c + 4 * (c // ALIGN))}
+
+
+@pytest.mark.parametrize("name", sorted(GATHERS))
+def test_compressed_gather_keeps_replicas_identical_and_conserves_the_updates(name):
+  """gather=Int8() (c + 4 bytes a chunk) or BlockInt (a scale a block); sum of applied updates + the residuals =
+  sum of the chain's updates."""
   chain = lambda: _chain("none", optax.sgd(1.0))
   steps = 3
-  tx = jaxcomp.shard_optimizer(chain(), axis_name="workers", num_workers=N, align=ALIGN, gather=jaxcomp.Int8())
+  codec, chunk_bytes = GATHERS[name]
+  tx = jaxcomp.shard_optimizer(chain(), axis_name="workers", num_workers=N, align=ALIGN, gather=codec)
   params, state, updates = _run(tx, steps=steps)
   for u in jax.tree.leaves(updates):
     np.testing.assert_array_equal(u, jnp.broadcast_to(u[0], u.shape))
-  assert int(jaxcomp.metrics(state)["gather_bytes"]) == (400 + 4) + (320 + 4)
+  assert int(jaxcomp.metrics(state)["gather_bytes"]) == chunk_bytes(400) + chunk_bytes(320)
   # every step's chain update is -mean(grads) (the same grads each step): what was applied plus what the
   # residuals hold is steps times that, per cut tensor
   for key, lay in (("w", scatter.split(1500, N, ALIGN)), ("v", scatter.split(1201, N, ALIGN))):

@@ -38,6 +38,7 @@ from jaxcomp.compressors.half import Half, half
 from jaxcomp.compressors.randomk import RandomK, randomk
 from jaxcomp.compressors.natural import Natural, natural
 from jaxcomp.compressors.fp4 import FP4, fp4
+from jaxcomp.compressors.blockint import BlockInt, blockint
 from jaxcomp.compressors.demo import DCTTopK, demo, wrap_optimizer as _wrap_demo
 
 
@@ -70,6 +71,7 @@ REGISTRY: dict[str, Callable[..., optax.GradientTransformationExtraArgs]] = {
     "randomk": randomk,
     "natural": natural,
     "fp4": fp4,
+    "blockint": blockint,
 }
 
 
