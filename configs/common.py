@@ -209,9 +209,9 @@ def base_config() -> ml_collections.ConfigDict:
   # True: the parameters too (ZeRO-3, docs/zero.md; implies shard_optimizer): each worker stores its
   # chunk of every tensor and the step all-gathers them for the forward and backward passes.
   c.shard_params = False
-  # With shard_params, the codec of the parameters' all-gather: "" float32, or a deterministic one of
-  # experiments.optimizers.PARAM_GATHER ("int8"; "blockint": ZeRO++'s qwZ with param_gather_kwargs
-  # bits=8 and its block), with its arguments in param_gather_kwargs.
+  # With shard_params, the codec of the parameters' all-gather: "" float32, or a registered
+  # deterministic compressor ("int8"; "blockint": ZeRO++'s qwZ, bits=8 by default) built with
+  # param_gather_kwargs.
   c.param_gather = ""
   c.param_gather_kwargs = ml_collections.ConfigDict()
   # Batch-norm running statistics, computed per worker: "mean" averages them

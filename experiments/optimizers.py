@@ -141,12 +141,14 @@ def make_tx(config: ml_collections.ConfigDict, axis_name) -> optax.GradientTrans
   return tx
 
 
-# ``config.param_gather`` -> the codec class of the parameters' all-gather (deterministic, fixed-size).
-PARAM_GATHER = {"int8": jaxcomp.Int8, "blockint": jaxcomp.BlockInt}
-
-
 def param_gather(config: ml_collections.ConfigDict):
-  """The codec of the sharded parameters' all-gather (``config.param_gather``), or ``None``: float32."""
+  """The codec of the sharded parameters' all-gather, or ``None``: float32.
+
+  ``config.param_gather`` names a registered compressor, built with ``config.param_gather_kwargs``
+  (:func:`experiments.throughput.compressor_of`); :func:`jaxcomp.shard_optimizer` refuses one that
+  is stochastic or has no fixed-size payload.
+  """
   if not config.param_gather:
     return None
-  return PARAM_GATHER[config.param_gather](**config.param_gather_kwargs.to_dict())
+  from experiments import throughput  # pylint: disable=g-import-not-at-top
+  return throughput.compressor_of(config.param_gather, **config.param_gather_kwargs.to_dict())

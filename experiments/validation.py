@@ -67,9 +67,9 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
       bad(f"weight_decay_pattern {config.weight_decay_pattern!r} is not a regular expression: {e}.")
   if config.batch_norm_stats not in ("mean", "worker0"):
     bad(f"batch_norm_stats must be 'mean' or 'worker0', got {config.batch_norm_stats!r}.")
-  if config.param_gather not in ("", *optimizers.PARAM_GATHER):
-    bad(f"unknown param_gather {config.param_gather!r}; known: '' (float32), "
-        f"{', '.join(optimizers.PARAM_GATHER)}.")
+  if config.param_gather not in ("", *jaxcomp.REGISTRY):
+    bad(f"unknown param_gather {config.param_gather!r}{cli.closest(config.param_gather, list(jaxcomp.REGISTRY))}; "
+        f"known: '' (float32), {', '.join(jaxcomp.REGISTRY)}.")
   if (config.param_gather or config.param_gather_kwargs) and not config.shard_params:
     bad("param_gather is the sharded parameters' all-gather: it needs shard_params=True.")
   if config.num_train_steps < 1:
