@@ -14,7 +14,11 @@ Usage::
   .venv/bin/python -m benchmarks.train_step_link --report out1.json out2.json ...
 
 ``--set KEY=VALUE`` overrides a config key for every method (e.g.
-``--set optimizer=sgd`` for 1-bit Adam, which is the optimizer itself).
+``--set optimizer=sgd`` for 1-bit Adam, which is the optimizer itself), and
+``METHOD@KEY=VALUE`` for one method (e.g. ZeRO++'s qwZ + qgZ, with
+``--set shard_params=True``: ``blockint:bits=4@param_gather=blockint``).
+Each result carries the transport's counts of its last step, per worker
+(``bytes_on_wire`` sent, ``received_bytes``); the report's bytes are those.
 
 The configs: ``lenet`` is TG-F3's (``configs/terngrad_lenet.py:runlocal``,
 LeNet, total batch 64); ``resnet`` is 3LC-T1-link's
@@ -78,7 +82,7 @@ def _parse(argv):
     p.error(f"unknown config(s) {bad}; known: {sorted(CONFIGS)}")
   for method in args.methods.split(","):
     try:
-      link.method_spec(method)
+      link.method_spec(method.split("@")[0])
     except ValueError as e:
       p.error(str(e))
   for kv in args.set:
@@ -103,7 +107,8 @@ def _override(kv: str) -> tuple[str, object]:
 def _config(name: str, method: str, processes: int, overrides=()):
   import ml_collections  # pylint: disable=g-import-not-at-top
   c = CONFIGS[name](processes)
-  for kv in overrides:
+  method, *own = method.split("@")  # the method's own overrides after the common ones
+  for kv in (*overrides, *own):
     setattr(c, *_override(kv))  # ml_collections checks the type
   compressor, kwargs = link.method_spec(method)
   c.workers = processes
@@ -117,8 +122,9 @@ def _config(name: str, method: str, processes: int, overrides=()):
   return c
 
 
-def time_steps(run, steps: int) -> list[float]:
-  """Seconds of ``steps`` training steps of ``run`` after 2 warm-up steps."""
+def time_steps(run, steps: int) -> tuple[list[float], dict[str, int]]:
+  """Seconds of ``steps`` training steps of ``run`` after 2 warm-up steps, and the transport's
+  counts of the last step per worker (sent ``bytes_on_wire``, ``received_bytes``)."""
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   it = run.train_pipeline(start_step=0)
@@ -132,7 +138,8 @@ def time_steps(run, steps: int) -> list[float]:
     jax.block_until_ready(metrics)
     if i >= 2:
       times.append(time.perf_counter() - t0)
-  return times
+  counts = jax.device_get(metrics)  # jaxcomp.Count: exact integers
+  return times, {k: int(counts[k]) for k in ("bytes_on_wire", "received_bytes")}
 
 
 def worker(args) -> int:
@@ -149,9 +156,9 @@ def worker(args) -> int:
     for method in args.methods.split(","):
       with tempfile.TemporaryDirectory() as workdir:
         run = build.build(_config(name, method, jax.process_count(), args.set), workdir)
-        times = time_steps(run, args.steps)
+        times, counts = time_steps(run, args.steps)
       results.append({"config": name, "method": method, "step_time_sec": statistics.median(times),
-                      "times_s": times})
+                      "times_s": times, **counts})
       if rank == 0:
         print(f"{name} {method}: median step {results[-1]['step_time_sec']:.3f} s", flush=True)
   return link.finish("train_step_link", results, args.json, steps=args.steps, overrides=args.set)
@@ -237,13 +244,12 @@ def report(paths) -> int:
   rows = []  # (P, link, config, method, step s, speedup, bytes, wire ratio)
   for doc in docs:
     p, over = doc["processes"], tuple(doc.get("overrides", ()))
-    base = {r["config"]: r["step_time_sec"] for r in doc["results"] if r["method"] == "none"}
+    base = {r["config"]: r for r in doc["results"] if r["method"] == "none"}
     for r in doc["results"]:
-      nbytes = wire_bytes(r["config"], r["method"], p, over)
-      sp = base.get(r["config"])
+      nbytes, none = _sent(r, p, over), base.get(r["config"])
       rows.append((p, doc["link"], r["config"], r["method"], r["step_time_sec"],
-                   None if sp is None else sp / r["step_time_sec"],
-                   nbytes, wire_bytes(r["config"], "none", p, over) / nbytes))
+                   None if none is None else none["step_time_sec"] / r["step_time_sec"],
+                   nbytes, (_sent(none, p, over) if none else wire_bytes(r["config"], "none", p, over)) / nbytes))
   _print_pivot(rows)
   print()
   print("| processes | link | config | method | step s | step speedup | bytes / worker / step "
@@ -254,6 +260,14 @@ def report(paths) -> int:
     print(f"| {p} | {link} | {config} | `{method}` | {t:.3f} | "
           f"{'' if speedup is None else f'{speedup:.2f}'} | {nbytes:,} | {ratio:.1f} | {eff} |")
   return 0
+
+
+def _sent(result: dict, processes: int, overrides: tuple) -> float:
+  """Bytes a worker sent in a step of ``result``: the transport's count of the run, else (a document
+  from before it was kept) :func:`wire_bytes`."""
+  if "bytes_on_wire" in result:
+    return result["bytes_on_wire"]
+  return wire_bytes(result["config"], result["method"], processes, overrides)
 
 
 def _print_pivot(rows) -> None:
