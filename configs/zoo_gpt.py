@@ -37,7 +37,7 @@ Arguments (``configs/zoo_gpt.py:ARG``): ``runlocal``: a smoke test, labelled as 
 H (:data:`DILOCO_H`) x outer learning rate (:data:`DILOCO_OUTER_LR`), seed 0, every step logged,
 under ``runs/zoo_gpt_diloco/``. ``diagnose``: the weak rows with one piece changed
 (:data:`DIAGNOSES`), seed 0, every step's norms logged, under ``runs/zoo_gpt_diagnosis/``. ``zero3``: the parameters sharded (ZeRO-3, :data:`ZERO3`), 3 seeds,
-under ``runs/zoo_gpt_zero3/``.
+and :data:`ZERO3_PARTS`, seed 0, under ``runs/zoo_gpt_zero3/``.
 """
 
 from __future__ import annotations
@@ -331,15 +331,22 @@ def overrides(name: str, seed: int) -> dict:
 # arXiv:2306.10209, §3.1 and §3.3: the weights' all-gather in int8 blocks, the gradients'
 # reduce-scatter in int4 blocks); the zoo's TernGrad, 3LC and int8 gradient rows with qwZ's weights.
 QWZ = {"param_gather": "blockint", "param_gather_kwargs": {"bits": 8}}
+QGZ = {"compressor": "blockint", "compressor_kwargs": {"bits": 4}}
 ZERO3 = {"none": ("none", {}),
-         "qwz_qgz": ("none", {"compressor": "blockint", "compressor_kwargs": {"bits": 4}, **QWZ}),
+         "qwz_qgz": ("none", {**QGZ, **QWZ}),
          **{f"{name}_qwz": (name, QWZ) for name in ("terngrad", "threelc", "int8")}}
+
+# and, seed 0 only, where qwZ + qgZ's gap to float comes from: each half alone, and qgZ's int4 with
+# blocks of 256 values (a scale per 256: 0.125 bits a value) instead of 2,560.
+ZERO3_PARTS = {"qgz": ("none", QGZ), "qwz": ("none", QWZ),
+               "qwz_qgz.block=256": ("none", {**QGZ, "compressor_kwargs": {"bits": 4, "block": 256}, **QWZ})}
 
 
 def _zero3_sweep() -> list[tuple[str, dict]]:
-  """:data:`ZERO3`'s rows, seed by seed (every row's seed 0 first)."""
-  return [(f"{row}/seed{seed}", {**overrides(zoo_row, seed), **change})
-          for seed in SEEDS for row, (zoo_row, change) in ZERO3.items()]
+  """:data:`ZERO3`'s rows, seed by seed (every row's seed 0 first), then :data:`ZERO3_PARTS`."""
+  rows = [(row, seed, spec) for seed in SEEDS for row, spec in ZERO3.items()]
+  rows += [(row, SEEDS[0], spec) for row, spec in ZERO3_PARTS.items()]
+  return [(f"{row}/seed{seed}", {**overrides(zoo_row, seed), **change}) for row, seed, (zoo_row, change) in rows]
 
 
 def get_sweep(arg: str | None = None) -> list[tuple[str, dict]]:
