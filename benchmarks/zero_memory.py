@@ -1,10 +1,12 @@
-"""Memory per device of a data-parallel GPT step: replicated against a sharded optimizer state.
+"""Memory per device of a data-parallel GPT step: replicated, sharded optimizer state, sharded parameters.
 
 Builds the project's GPT (``jaxcomp.models.GPT``, byte vocabulary) at
 ``--width`` and ``--depth``, then for each number of devices ``P`` in
 ``--devices`` lowers and compiles a ``jaxcomp.data_parallel`` step over a
 mesh of ``P`` host devices (one worker per device) with ``--compressor`` and
-AdamW, twice: the chain replicated, and wrapped in ``jaxcomp.shard_optimizer``.
+AdamW, in up to three layouts: the chain replicated (``replicated``), wrapped in
+``jaxcomp.shard_optimizer`` (``sharded``: the state cut), and with ``shard_params=True``
+(``params``: the parameters cut too, gathered in float for the step).
 Everything is abstract (``step.abstract``: shapes and shardings); nothing is
 run or allocated.
 
@@ -20,7 +22,7 @@ the parameters, the state and the batch: what the step holds beyond them
 
 Usage::
 
-  python -m benchmarks.zero_memory --width 512 --depth 8 --devices 4,8 [--layouts gradient,sharded] [--json out.json]
+  python -m benchmarks.zero_memory --width 512 --depth 8 --devices 4,8 [--layouts gradient,sharded,params] [--json out.json]
 """
 
 from __future__ import annotations
@@ -74,27 +76,32 @@ def worker_step(model, tx):
   return step
 
 
-def chain(compressor: str, devices: int, sharded: bool):
+LAYOUTS = ("replicated", "sharded", "params")
+
+
+def chain(compressor: str, devices: int, layout: str):
   tx = optax.chain(jaxcomp.get_transform(compressor, axis_name="workers"), optax.adamw(1e-3, weight_decay=0.1))
-  return jaxcomp.shard_optimizer(tx, axis_name="workers", num_workers=devices) if sharded else tx
+  if layout == "replicated":
+    return tx
+  return jaxcomp.shard_optimizer(tx, axis_name="workers", num_workers=devices, shard_params=layout == "params")
 
 
-def measure(model, params, devices: int, compressor: str, sharded: bool, batch: int) -> dict[str, Any]:
+def measure(model, params, devices: int, compressor: str, layout: str, batch: int) -> dict[str, Any]:
   """One compiled step's figures, per device."""
   mesh = Mesh(np.array(jax.devices()[:devices]), ("workers",))
-  tx = chain(compressor, devices, sharded)
+  tx = chain(compressor, devices, layout)
   step = jaxcomp.data_parallel(worker_step(model, tx), tx, mesh=mesh)
   abstract_params, abstract_state = step.abstract(params)
   tokens = jax.ShapeDtypeStruct((devices, batch, model.context + 1), jnp.int32,
                                 sharding=NamedSharding(mesh, P("workers")))
-  print(f"[zero_memory] P={devices} {'sharded' if sharded else 'replicated'}: compiling",
+  print(f"[zero_memory] P={devices} {layout}: compiling",
         file=sys.stderr, flush=True)
   compiled = step.lower(abstract_params, abstract_state, tokens).compile()
   own = {"params_bytes": train_memory.per_device_bytes(abstract_params),
          "opt_state_bytes": train_memory.per_device_bytes(abstract_state),
          "batch_bytes": train_memory.per_device_bytes(tokens)}
   figures = train_memory.memory_figures(compiled)
-  return {"devices": devices, "state": "sharded" if sharded else "replicated", **own, **figures,
+  return {"devices": devices, "state": layout, **own, **figures,
           "working_bytes": figures["peak_bytes"] - sum(own.values())}
 
 
@@ -115,8 +122,9 @@ def main(argv=None) -> dict[str, Any]:
   parser.add_argument("--batch", type=int, default=4, help="sequences per worker")
   parser.add_argument("--devices", default="4,8", help="comma-separated mesh sizes")
   parser.add_argument("--compressor", default="terngrad")
-  parser.add_argument("--layouts", default="gradient,replicated,sharded",
-                      help="comma-separated, from: gradient (forward and backward alone), replicated, sharded")
+  parser.add_argument("--layouts", default="gradient,replicated,sharded,params",
+                      help="comma-separated, from: gradient (forward and backward alone), replicated, sharded "
+                           "(the state cut), params (the parameters too)")
   parser.add_argument("--json", default=None, help="also write the JSON to this file")
   args = parser.parse_args(argv)
   model, params = gpt(args.width, args.depth, args.context)
@@ -129,8 +137,8 @@ def main(argv=None) -> dict[str, Any]:
     doc["results"].append(gradient_only(model, params, args.batch))
     print(json.dumps(doc["results"][-1]), file=sys.stderr, flush=True)
   for devices in [int(d) for d in args.devices.split(",")]:
-    for sharded in [s == "sharded" for s in ("replicated", "sharded") if s in layouts]:
-      doc["results"].append(measure(model, params, devices, args.compressor, sharded, args.batch))
+    for layout in [s for s in LAYOUTS if s in layouts]:
+      doc["results"].append(measure(model, params, devices, args.compressor, layout, args.batch))
       print(json.dumps(doc["results"][-1]), file=sys.stderr, flush=True)
   return train_memory.emit(doc, args.json)
 

@@ -173,7 +173,7 @@ class DataParallel:
     params_shape, state_shape = jax.eval_shape(self.init, params)
     if self.mesh is None:
       return params_shape, state_shape
-    shardings = self._shardings(params, state_shape, None)[:2]
+    shardings = self._shardings(params_shape if _sharded_params(params_shape) else params, state_shape, None)[:2]
     return jax.tree.map(lambda s, where: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=where),
                         (params_shape, state_shape), shardings)
 

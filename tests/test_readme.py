@@ -182,6 +182,10 @@ def test_zero_page_blocks_run(tmp_path):
   assert m and float(m[1]) < 0.5 * np.log(10), out
   assert (int(m[2]), int(m[3]), int(m[4])) == (8, 80, 4 * 80), out
   assert "resumed bit for bit: True" in out, out  # a checkpoint of the sharded state, restored
+  # ZeRO-3: w stored as a row of 80 values a worker, gathered whole; 80 int8 codes and a float32 scale sent.
+  m = re.search(r"ZeRO-3: loss ([\d.]+), w stored as \((\d+), (\d+)\), whole \((\d+), (\d+)\), (\d+) bytes", out)
+  assert m and float(m[1]) < 0.5 * np.log(10), out
+  assert [int(v) for v in m.groups()[1:]] == [8, 80, 64, 10, 80 + 4], out
 
 
 # Every page whose Python blocks a test runs: these tests, and compressors.md's (test_custom_compressor).
