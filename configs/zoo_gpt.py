@@ -336,10 +336,12 @@ ZERO3 = {"none": ("none", {}),
          "qwz_qgz": ("none", {**QGZ, **QWZ}),
          **{f"{name}_qwz": (name, QWZ) for name in ("terngrad", "threelc", "int8")}}
 
-# and, seed 0 only, where qwZ + qgZ's gap to float comes from: each half alone, and qgZ's int4 with
-# blocks of 256 values (a scale per 256: 0.125 bits a value) instead of 2,560.
+# qgZ's int4 keeps jaxcomp's error feedback (the zoo's replicated blockint row, as the paper, has none).
+# And, seed 0 only, where qwZ + qgZ's gap to float comes from: each half alone, qgZ's int4 with blocks
+# of 256 values (a scale per 256: 0.125 bits a value) instead of 2,560, and qgZ without error feedback.
 ZERO3_PARTS = {"qgz": ("none", QGZ), "qwz": ("none", QWZ),
-               "qwz_qgz.block=256": ("none", {**QGZ, "compressor_kwargs": {"bits": 4, "block": 256}, **QWZ})}
+               "qwz_qgz.block=256": ("none", {**QGZ, "compressor_kwargs": {"bits": 4, "block": 256}, **QWZ}),
+               "qwz_qgz.no_ef": ("none", {**QGZ, "compressor_kwargs": {"bits": 4, "error_feedback": False}, **QWZ})}
 
 
 def _zero3_sweep() -> list[tuple[str, dict]]:
