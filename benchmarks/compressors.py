@@ -58,6 +58,7 @@ WRAPPER_CODES = {"onebit_adam": lambda: jaxcomp.OneBitAdamSign()}
 VARIANTS = {
     "threelc[capacity=0.5]": ("threelc", {"capacity": 0.5}),
     "qsgd[8bit]": ("qsgd", {"bits_per_value": 8}),
+    "blockint[4bit]": ("blockint", {"bits": 4}),
 }
 
 

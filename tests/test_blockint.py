@@ -110,7 +110,7 @@ def test_zero_blocks_scalars_and_empty_decode_to_zeros():
 
 @pytest.mark.parametrize("bits", [8, 4])
 def test_bytes_are_codes_plus_a_float32_scale_per_block(bits):
-  """Payload ``⌈n·bits/8⌉ + 4·⌈n/block⌉`` bytes, and the transport counts exactly that (plus the flag byte)."""
+  """Payload ``⌈n·bits/8⌉ + 4·⌈n/block⌉`` bytes; the transport counts exactly that (and the flag byte)."""
   for n in (1, 7, 1001, 2560, 2561):
     p = jax.eval_shape(lambda v: jaxcomp.BlockInt(bits=bits).encode(v, None, None), jnp.zeros(n))
     assert core.tree_nbytes(p) == math.ceil(n * bits / 8) + 4 * math.ceil(n / 2560), n

@@ -3,7 +3,7 @@
 ZeRO++ (Wang et al., arXiv:2306.10209) sends the weights' all-gather in int8 (qwZ, §3.1) and
 the gradients' reduce-scatter in int4 (qgZ, §3.3) with *block-based* quantization: the tensor is
 cut into blocks and each block is quantized with its own scale, so that one large value costs
-precision only within its block (§3.1 compares it with one scale per tensor). Per tensor, on
+precision only within its block (§3.1). Per tensor, on
 every worker (``x = g + r`` with the shared error feedback of :func:`jaxcomp.compress`):
 
 1. ``x`` flattened in C order is cut into blocks of ``block`` consecutive values (the last one
@@ -45,9 +45,9 @@ Decisions (tested in ``tests/test_blockint.py``):
 * **Error feedback on by default** (the gradients' use, as :class:`Int8`);
   ``error_feedback=False`` sends ``g`` itself (the weights' use: qwZ needs none, the master
   copy is exact).
-* **Range.** The bound holds while ``max|x_B|`` and ``1/max|x_B|`` are normal floats (about
-  ``1.2e−38 … 8.5e37``): XLA flushes subnormals to zero (XLA:CPU divides by a block's maximum as a
-  multiplication by its reciprocal), so a block beyond decodes to zeros, never to NaN.
+* **Range.** The bound holds while ``scale_B`` and ``1/max|x_B|`` are normal floats
+  (``max|x_B|`` from about ``1e−36`` to ``8e37``; tested from ``1e−30`` to ``1e30``): XLA flushes
+  subnormals to zero, so a block beyond may decode to zeros, never to NaN.
 * A block of zeros has ``scale = 0`` and decodes to zeros; no cross-worker agreement (each worker
   sends its own scales), and the aggregate is the mean of the workers' decoded tensors.
 
