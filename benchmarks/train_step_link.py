@@ -20,7 +20,11 @@ Usage::
       --methods diloco:inner_steps=50:fragments=4:delay=1 --pipelined --profile /tmp/steps
 
 ``--set KEY=VALUE`` overrides a config key for every method (e.g.
-``--set optimizer=sgd`` for 1-bit Adam, which is the optimizer itself).
+``--set optimizer=sgd`` for 1-bit Adam, which is the optimizer itself), and
+``METHOD@KEY=VALUE`` for one method (e.g. ZeRO++'s qwZ + qgZ, with
+``--set shard_params=True``: ``blockint:bits=4@param_gather=blockint``).
+Each result carries the transport's counts of its last step, per worker
+(``bytes_on_wire`` sent, ``received_bytes``); the report's bytes are those.
 
 The configs: ``lenet`` is TG-F3's (``configs/terngrad_lenet.py:runlocal``,
 LeNet, total batch 64); ``resnet`` is 3LC-T1-link's
@@ -91,7 +95,7 @@ def _parse(argv):
     p.error(f"unknown config(s) {bad}; known: {sorted(CONFIGS)}")
   for method in args.methods.split(","):
     try:
-      link.method_spec(method)
+      link.method_spec(method.split("@")[0])
     except ValueError as e:
       p.error(str(e))
   for kv in args.set:
@@ -116,7 +120,8 @@ def _override(kv: str) -> tuple[str, object]:
 def _config(name: str, method: str, processes: int, overrides=()):
   import ml_collections  # pylint: disable=g-import-not-at-top
   c = CONFIGS[name](processes)
-  for kv in overrides:
+  method, *own = method.split("@")  # the method's own overrides after the common ones
+  for kv in (*overrides, *own):
     setattr(c, *_override(kv))  # ml_collections checks the type
   compressor, kwargs = link.method_spec(method)
   c.workers = processes
@@ -130,14 +135,15 @@ def _config(name: str, method: str, processes: int, overrides=()):
   return c
 
 
-def time_steps(run, steps: int, pipelined: bool = False) -> tuple[list[float], list[int]]:
+def time_steps(run, steps: int, pipelined: bool = False) -> tuple[list[float], list[int], int]:
   """Seconds of each of ``steps`` training steps of ``run`` after 2 warm-up steps, and its bytes.
 
   By default a step runs alone: its time is from its call until its metrics are ready, and only
   then is the next step called. ``pipelined``: the steps are called as a training loop calls
   them, each before the previous one's metrics are waited for (JAX's asynchronous dispatch), and
   a step's time is from the previous step's metrics being ready to its own. The bytes are each
-  step's ``bytes_on_wire`` (the transport's count, read after the timing): 0 on a silent step.
+  step's ``bytes_on_wire`` (the transport's count per worker, read after the timing: 0 on a silent
+  step), and the last step's ``received_bytes``.
   """
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
@@ -164,7 +170,7 @@ def time_steps(run, steps: int, pipelined: bool = False) -> tuple[list[float], l
     times = [b - a for a, b in zip(ready[1:], ready[2:])]
   else:
     times = [b - a for a, b in zip(starts[2:], ready[2:])]
-  return times, [int(m.get("bytes_on_wire", 0)) for m in sent[2:]]
+  return times, [int(m.get("bytes_on_wire", 0)) for m in sent[2:]], int(sent[-1].get("received_bytes", 0))
 
 
 def worker(args) -> int:
@@ -182,12 +188,13 @@ def worker(args) -> int:
       with tempfile.TemporaryDirectory() as workdir:
         run = build.build(_config(name, method, jax.process_count(), args.set), workdir)
         tcp = link.tcp_counters()
-        times, sent = time_steps(run, args.steps, args.pipelined)
+        times, sent, received = time_steps(run, args.steps, args.pipelined)
         tcp = tcp and [b - a for a, b in zip(tcp, link.tcp_counters())]
         if args.profile:
           _trace(run, args, os.path.join(args.profile, f"{name}_{method}".replace(":", "_").replace("=", "-")))
       results.append({"config": name, "method": method, "step_time_sec": statistics.median(times),
                       "mean_step_time_sec": statistics.mean(times), "times_s": times, "bytes_on_wire": sent,
+                      "received_bytes": received,
                       **({"link_retransmitted_bytes": tcp[1]} if tcp else {})})
       if rank == 0:
         print(f"{name} {method}: median step {results[-1]['step_time_sec']:.3f} s", flush=True)
@@ -287,13 +294,12 @@ def report(paths) -> int:
   rows = []  # (P, link, config, method, step s, speedup, bytes, wire ratio)
   for doc in docs:
     p, over = doc["processes"], tuple(doc.get("overrides", ()))
-    base = {r["config"]: r["step_time_sec"] for r in doc["results"] if r["method"] == "none"}
+    base = {r["config"]: r for r in doc["results"] if r["method"] == "none"}
     for r in doc["results"]:
-      nbytes = wire_bytes(r["config"], r["method"], p, over)
-      sp = base.get(r["config"])
+      nbytes, none = _sent(r, p, over), base.get(r["config"])
       rows.append((p, doc["link"], r["config"], r["method"], r["step_time_sec"],
-                   None if sp is None else sp / r["step_time_sec"],
-                   nbytes, wire_bytes(r["config"], "none", p, over) / nbytes))
+                   None if none is None else none["step_time_sec"] / r["step_time_sec"],
+                   nbytes, (_sent(none, p, over) if none else wire_bytes(r["config"], "none", p, over)) / nbytes))
   _print_pivot(rows)
   print()
   print("| processes | link | config | method | step s | step speedup | bytes / worker / step "
@@ -327,6 +333,15 @@ def _print_steps(docs) -> None:
           f"{1e3 * statistics.mean(r['times_s']):.1f} | "
           f"{1e3 * silent:.1f} | {1e3 * statistics.median(busy) if busy else 0:.1f} ({len(busy)}) | "
           f"{1e3 * (sum(busy) - len(busy) * silent):.0f} | {load} |")
+
+
+def _sent(result: dict, processes: int, overrides: tuple) -> float:
+  """Bytes a worker sent in a step of ``result``: the transport's count of the run, else (a document
+  from before it was kept) :func:`wire_bytes`."""
+  if "bytes_on_wire" in result:  # each timed step's (a list), or one step's
+    sent = result["bytes_on_wire"]
+    return statistics.mean(sent) if isinstance(sent, list) else sent
+  return wire_bytes(result["config"], result["method"], processes, overrides)
 
 
 def _print_pivot(rows) -> None:

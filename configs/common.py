@@ -206,6 +206,14 @@ def base_config() -> ml_collections.ConfigDict:
   # True: the optimizer's state is cut over the workers (jaxcomp.shard_optimizer, docs/zero.md):
   # the gradients reduce-scattered by the compressor, each worker's shard updated, gathered in float.
   c.shard_optimizer = False
+  # True: the parameters too (ZeRO-3, docs/zero.md; implies shard_optimizer): each worker stores its
+  # chunk of every tensor and the step all-gathers them for the forward and backward passes.
+  c.shard_params = False
+  # With shard_params, the codec of the parameters' all-gather: "" float32, or a registered
+  # deterministic compressor ("int8"; "blockint": ZeRO++'s qwZ, bits=8 by default) built with
+  # param_gather_kwargs.
+  c.param_gather = ""
+  c.param_gather_kwargs = ml_collections.ConfigDict()
   # Batch-norm running statistics, computed per worker: "mean" averages them
   # across workers each step (a float pmean, counted as bn_stats_bytes);
   # "worker0" keeps worker 0's, as 3LC §4.3 lets one worker update them.

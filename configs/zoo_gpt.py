@@ -36,7 +36,8 @@ Arguments (``configs/zoo_gpt.py:ARG``): ``runlocal``: a smoke test, labelled as 
 :data:`RUNLOCAL_NAMES`, :data:`RUNLOCAL_STEPS` steps, one seed. ``diloco``: DiLoCo's sweep of
 H (:data:`DILOCO_H`) x outer learning rate (:data:`DILOCO_OUTER_LR`), seed 0, every step logged,
 under ``runs/zoo_gpt_diloco/``. ``diagnose``: the weak rows with one piece changed
-(:data:`DIAGNOSES`), seed 0, every step's norms logged, under ``runs/zoo_gpt_diagnosis/``.
+(:data:`DIAGNOSES`), seed 0, every step's norms logged, under ``runs/zoo_gpt_diagnosis/``. ``zero3``: the parameters sharded (ZeRO-3, :data:`ZERO3`), 3 seeds,
+and :data:`ZERO3_PARTS`, seed 0, under ``runs/zoo_gpt_zero3/``.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ SEEDS = (0, 1, 2)
 WORKERS = 4
 RUNLOCAL_STEPS = 4
 RUNLOCAL_NAMES = ("none", "terngrad")
-ARGS = ("runlocal", "diloco", "diagnose")
+ARGS = ("runlocal", "diloco", "diagnose", "zero3")
 MODEL = {"context": 64, "width": 64, "depth": 2, "heads": 4}
 
 # No throughput column (it does not depend on the model: the vision table has it); the step over
@@ -328,9 +329,37 @@ def overrides(name: str, seed: int) -> dict:
   return zoo.overrides(name, seed, SETTINGS)
 
 
+# ZeRO-3 (``configs/zoo_gpt.py:zero3``): the recipe with the parameters sharded over the workers
+# (config.shard_params), under runs/zoo_gpt_zero3/, each run ``<row>/seed<S>``: row -> (the zoo row
+# it starts from, what it changes). Float32 both ways; ZeRO++'s qwZ + qgZ (Wang et al.,
+# arXiv:2306.10209, §3.1 and §3.3: the weights' all-gather in int8 blocks, the gradients'
+# reduce-scatter in int4 blocks); the zoo's TernGrad, 3LC and int8 gradient rows with qwZ's weights.
+QWZ = {"param_gather": "blockint", "param_gather_kwargs": {"bits": 8}}
+QGZ = {"compressor": "blockint", "compressor_kwargs": {"bits": 4}}
+ZERO3 = {"none": ("none", {}),
+         "qwz_qgz": ("none", {**QGZ, **QWZ}),
+         **{f"{name}_qwz": (name, QWZ) for name in ("terngrad", "threelc", "int8")}}
+
+# qgZ's int4 keeps jaxcomp's error feedback (the zoo's replicated blockint row, as the paper, has none).
+# And, seed 0 only, where qwZ + qgZ's gap to float comes from: each half alone, qgZ's int4 with blocks
+# of 256 values (a scale per 256: 0.125 bits a value) instead of 2,560, and qgZ without error feedback.
+ZERO3_PARTS = {"qgz": ("none", QGZ), "qwz": ("none", QWZ),
+               "qwz_qgz.block=256": ("none", {**QGZ, "compressor_kwargs": {"bits": 4, "block": 256}, **QWZ}),
+               "qwz_qgz.no_ef": ("none", {**QGZ, "compressor_kwargs": {"bits": 4, "error_feedback": False}, **QWZ})}
+
+
+def _zero3_sweep() -> list[tuple[str, dict]]:
+  """:data:`ZERO3`'s rows, seed by seed (every row's seed 0 first), then :data:`ZERO3_PARTS`."""
+  rows = [(row, seed, spec) for seed in SEEDS for row, spec in ZERO3.items()]
+  rows += [(row, SEEDS[0], spec) for row, spec in ZERO3_PARTS.items()]
+  return [(f"{row}/seed{seed}", {**overrides(zoo_row, seed), **change}) for row, seed, (zoo_row, change) in rows]
+
+
 def get_sweep(arg: str | None = None) -> list[tuple[str, dict]]:
   """Registered rows x seeds, each run named ``<row>/seed<S>``."""
   args = common.parse_arg(arg, allowed=ARGS)
+  if "zero3" in args:
+    return _zero3_sweep()
   if "diloco" in args:
     return _diloco_sweep()
   if "diagnose" in args:
@@ -357,6 +386,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.experiment = "zoo_gpt_diagnosis"
     c.log_norms = True
     c.log_every = 1
+  if "zero3" in args:
+    c.experiment = "zoo_gpt_zero3"
+    c.shard_params = True
   if "runlocal" in args:
     c.num_train_steps = RUNLOCAL_STEPS
     c.log_every = 2

@@ -45,6 +45,7 @@ class Run:
   schedule: optax.Schedule
   step_root: jax.Array  # the per-step keys are fold_in(step_root, step)
   checkpointer: Optional[state_lib.Checkpointer]
+  whole_params: Callable[[Any], Any]  # the state's parameters -> the whole model's (:func:`whole_params_fn`)
 
   @property
   def has_bn(self) -> bool:
@@ -84,8 +85,8 @@ class Run:
                              self.eval_pipeline)
 
   def eval_params(self, state: TrainState):
-    """The parameters evaluated: the EMA with ``config.eval_with_ema``, else the parameters."""
-    return state.ema_params if self.config.eval_with_ema else state.params
+    """The parameters evaluated, whole: the EMA with ``config.eval_with_ema``, else the parameters."""
+    return self.whole_params(state.ema_params if self.config.eval_with_ema else state.params)
 
 
 def model_input(config: ml_collections.ConfigDict, spec) -> tuple[tuple[int, ...], Any]:
@@ -134,9 +135,17 @@ def build(config: ml_collections.ConfigDict, workdir: str) -> Run:
                   if config.checkpoint_every else None)
   run = Run(config, workdir, mesh, spec, image_shape, pipeline_kwargs, eval_pipeline, model, state,
             init_state, train_step, eval_step, optimizers.make_schedule(config), step_root,
-            checkpointer)
+            checkpointer, whole_params_fn(tx, mesh))
   _log_setup(run, variables["params"])
   return run
+
+
+def whole_params_fn(tx, mesh: jax.sharding.Mesh) -> Callable[[Any], Any]:
+  """The whole model's parameters from the state's: the identity, or, with ``config.shard_params``,
+  every worker's chunks put together (``tx.unshard``: no exchange), replicated on ``mesh``."""
+  if not state_lib.shards_params(tx):
+    return lambda params: params
+  return jax.jit(tx.unshard, out_shardings=NamedSharding(mesh, P()))
 
 
 def _log_setup(run: Run, params) -> None:

@@ -247,9 +247,9 @@ def profile_step(run: Run, state: TrainState) -> dict[str, float]:
   """
   config = run.config
   loss_fn = step_lib.make_loss_fn(config, run.model, run.spec.num_classes, run.has_bn)
-  grads_fn = jax.jit(jax.vmap(
-      lambda p, bs, x, y, k: step_lib.loss_and_grad(config, loss_fn, p, bs, x, y, k)[0],
-      in_axes=(None, None, 0, 0, None)))
+  grads = jax.vmap(lambda p, bs, x, y, k: step_lib.loss_and_grad(config, loss_fn, p, bs, x, y, k)[0],
+                   in_axes=(None, None, 0, 0, None))
+  grads_fn = jax.jit(lambda p, *rest: grads(run.whole_params(p), *rest))  # whole: ZeRO-3's are sharded
   train_iter = run.train_pipeline(config.num_train_steps)
   batches = [run.shard_batch(next(train_iter)) for _ in range(3)]
   t_step, t_grad = [], []

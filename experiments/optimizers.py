@@ -115,7 +115,8 @@ def make_tx(config: ml_collections.ConfigDict, axis_name) -> optax.GradientTrans
 
   With a ``"hosts"`` axis (``config.hosts``) the exchange is hierarchical: compressed over
   ``"hosts"``, a float mean over the others (``within``, :mod:`jaxcomp.exchange.hierarchy`).
-  With ``config.shard_optimizer`` the chain's state is cut over the workers (:func:`jaxcomp.shard_optimizer`).
+  With ``config.shard_optimizer`` the chain's state is cut over the workers (:func:`jaxcomp.shard_optimizer`),
+  with ``config.shard_params`` the parameters too, gathered by :func:`param_gather`'s codec.
   """
   kwargs = dict(config.compressor_kwargs.to_dict())
   names = parallel.axis_names(axis_name)
@@ -134,6 +135,20 @@ def make_tx(config: ml_collections.ConfigDict, axis_name) -> optax.GradientTrans
   tx = jaxcomp.make_optimizer(
       config.compressor, make_base_optimizer(config, make_schedule(config)),
       axis_name=axis_name, **kwargs)
-  if config.shard_optimizer:
-    tx = jaxcomp.shard_optimizer(tx, axis_name=axis_name, num_workers=config.workers)
+  if config.shard_optimizer or config.shard_params:
+    tx = jaxcomp.shard_optimizer(tx, axis_name=axis_name, num_workers=config.workers,
+                                 shard_params=config.shard_params, param_gather=param_gather(config))
   return tx
+
+
+def param_gather(config: ml_collections.ConfigDict):
+  """The codec of the sharded parameters' all-gather, or ``None``: float32.
+
+  ``config.param_gather`` names a registered compressor, built with ``config.param_gather_kwargs``
+  (:func:`experiments.throughput.compressor_of`); :func:`jaxcomp.shard_optimizer` refuses one that
+  is stochastic or has no fixed-size payload.
+  """
+  if not config.param_gather:
+    return None
+  from experiments import throughput  # pylint: disable=g-import-not-at-top
+  return throughput.compressor_of(config.param_gather, **config.param_gather_kwargs.to_dict())

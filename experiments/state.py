@@ -2,7 +2,9 @@
 
 The parameters, batch-norm statistics and EMA are replicated; only the
 compressors' worker-local optimizer state (error-feedback residuals) is split
-over the mesh's ``"devices"`` axis (:func:`state_shardings`).
+over the mesh's ``"devices"`` axis (:func:`state_shardings`), and, with
+``config.shard_params`` (ZeRO-3), each worker's chunks of the parameters and
+of their EMA (:class:`jaxcomp.zero_params.ShardedParams`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import numpy as np
 
 from experiments import seals
 from jaxcomp import parallel
+from jaxcomp import zero
 
 
 class TrainState(NamedTuple):
@@ -71,13 +74,12 @@ def make_mesh(workers: int, max_devices: int = 0, hosts: int = 0) -> jax.shardin
 
 
 def state_shardings(mesh: jax.sharding.Mesh, state: TrainState) -> TrainState:
-  """Replicated everywhere, but worker-local optimizer state split over the mesh's axes."""
+  """Replicated everywhere, but worker-local optimizer state and sharded parameters (and their EMA)
+  split over the mesh's axes."""
   repl = NamedSharding(mesh, P())
-  return TrainState(
-      repl, jax.tree.map(lambda _: repl, state.params),
-      jax.tree.map(lambda _: repl, state.batch_stats),
-      parallel.worker_shardings(state.opt_state, mesh, mesh.axis_names),
-      jax.tree.map(lambda _: repl, state.ema_params))
+  rows = lambda tree: parallel.worker_shardings(tree, mesh, mesh.axis_names)
+  return TrainState(repl, rows(state.params), jax.tree.map(lambda _: repl, state.batch_stats),
+                    rows(state.opt_state), rows(state.ema_params))
 
 
 def _to_global(tree, shardings):
@@ -98,8 +100,15 @@ def _host_state(config, tx, variables) -> TrainState:
   """The state at step 0, as this process computes it (the same in every process)."""
   params = variables["params"]
   opt_state = parallel.replicate_workers(tx.init(params), config.workers)
+  if shards_params(tx):  # ZeRO-3: every worker's chunks (jaxcomp.zero_params)
+    params = tx.shard_params(params)
   ema = params if config.ema_decay > 0 else {}
   return TrainState(jnp.zeros((), jnp.int32), params, variables.get("batch_stats", {}), opt_state, ema)
+
+
+def shards_params(tx) -> bool:
+  """Whether ``tx`` shards the parameters (``config.shard_params``: :class:`jaxcomp.zero.ShardedTransformation`)."""
+  return isinstance(tx, zero.ShardedTransformation)
 
 
 def initial_state(config, tx, variables, abstract: TrainState) -> TrainState:

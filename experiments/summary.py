@@ -51,7 +51,7 @@ def _summary(run: Run, start: Start, end: End, timing: dict[str, float]) -> dict
       "learning_rate": c.learning_rate,
       "steps": end.step,
       "seed": c.seed,
-      "parameters": models_lib.param_count(run.state.params),
+      "parameters": models_lib.param_count(jax.eval_shape(run.whole_params, run.state.params)),
       "test_accuracy": last_eval.get("accuracy"),
       "test_top5_accuracy": last_eval.get("top5_accuracy"),
       "test_loss": last_eval.get("loss"),

@@ -67,6 +67,11 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
       bad(f"weight_decay_pattern {config.weight_decay_pattern!r} is not a regular expression: {e}.")
   if config.batch_norm_stats not in ("mean", "worker0"):
     bad(f"batch_norm_stats must be 'mean' or 'worker0', got {config.batch_norm_stats!r}.")
+  if config.param_gather not in ("", *jaxcomp.REGISTRY):
+    bad(f"unknown param_gather {config.param_gather!r}{cli.closest(config.param_gather, list(jaxcomp.REGISTRY))}; "
+        f"known: '' (float32), {', '.join(jaxcomp.REGISTRY)}.")
+  if (config.param_gather or config.param_gather_kwargs) and not config.shard_params:
+    bad("param_gather is the sharded parameters' all-gather: it needs shard_params=True.")
   if config.num_train_steps < 1:
     bad(f"num_train_steps must be >= 1, got {config.num_train_steps}.")
   if not 0.0 <= config.ema_decay < 1.0:

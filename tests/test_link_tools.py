@@ -224,6 +224,9 @@ def test_train_step_link_checks_arguments_and_reports(tmp_path, capsys):
   c = tsl._config("resnet", "threelc:sparsity=1.75", 4)  # pylint: disable=protected-access
   assert (c.workers, c.max_devices, c.batch_size, c.compressor) == (4, 1, 128, "threelc")
   assert c.compressor_kwargs.to_dict() == {"sparsity": 1.75}
+  c = tsl._config("gpt_zoo", "blockint:bits=4@param_gather=blockint", 4, ["shard_params=True"])  # pylint: disable=protected-access
+  assert (c.compressor, c.compressor_kwargs.to_dict(), c.param_gather, c.shard_params) == (
+      "blockint", {"bits": 4}, "blockint", True)  # a method's own overrides after --set's
   doc = {"processes": 4, "link": "100mbit", "results": [
       {"config": "lenet", "method": "none", "step_time_sec": 0.5},
       {"config": "lenet", "method": "terngrad", "step_time_sec": 0.1}]}

@@ -97,3 +97,60 @@ def test_lm_run_resumes_bit_identically(tmp_path):
   for part in ("offset", "exchange"):
     residuals = [np.asarray(x) for p, x in paths if "residual" in str(p) and part in str(p)]
     assert residuals and any(np.abs(r).max() > 0 for r in residuals), part
+
+
+def _zero(**overrides):
+  """The tiny GPT, 64 wide so that its embedding and MLP are cut (tensors of 4 x 2,560 values or more), with
+  TernGrad's reduce-scatter and an EMA that is evaluated, sharded as ``overrides`` say."""
+  c = _tiny("runlocal")
+  c.model_kwargs = {"context": 16, "width": 64, "depth": 1, "heads": 2}
+  c.compressor, c.compressor_kwargs = "terngrad", {"clip_sigma": 2.5}
+  c.num_train_steps, c.log_every, c.ema_decay, c.eval_with_ema = 6, 1, 0.5, True
+  for k, v in overrides.items():
+    setattr(c, k, v)
+  return c
+
+
+@pytest.fixture(scope="module")
+def zero3_run(tmp_path_factory):
+  """ZeRO-3 (float parameter gather), checkpointed at steps 3 and 6: ``(workdir, summary)``."""
+  workdir = tmp_path_factory.mktemp("zero3")
+  return workdir, train.train_and_evaluate(_zero(shard_params=True, checkpoint_every=3), str(workdir))
+
+
+@pytest.mark.timeout(600)  # with its module's fixture: 206 s on two cores beside a sweep (load 10)
+def test_sharded_parameters_train_as_the_sharded_state(tmp_path, zero3_run):
+  """shard_params: the parameters and their EMA kept as each worker's chunks, gathered in float32 for
+  the step, evaluated whole; the run equals the one with the optimizer state sharded only to float32
+  rounding, counts the whole model, and moves as many bytes (an all-gather and a reduce-scatter both)."""
+  workdir, zero3 = zero3_run
+  zero2 = train.train_and_evaluate(_zero(shard_optimizer=True), str(tmp_path))
+  assert zero3["parameters"] == zero2["parameters"] == 67_520  # the whole model, not its padded chunks
+  assert zero3["float32_bytes"] == 4 * zero3["parameters"]
+  assert zero3["bytes_on_wire"] == zero2["bytes_on_wire"]
+  np.testing.assert_allclose(zero3["test_bits_per_byte"], zero2["test_bits_per_byte"], rtol=1e-5)
+  train3, train2 = ([float(r["loss"]) for r in csv.DictReader(open(w / "metrics.csv")) if r["split"] == "train"]
+                    for w in (workdir, tmp_path))
+  assert len(train3) == 6 and train3 != train3[:1] * 6
+  np.testing.assert_allclose(train3, train2, rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_sharded_parameters_resume_bit_identically(tmp_path, zero3_run):
+  """Killed after step 4 (last checkpoint: 3), resumed: every worker's chunks of the parameters and
+  of their EMA, the sharded AdamW moments and TernGrad's residuals come back, and the run ends with
+  the same bits as the uninterrupted one."""
+  workdir, zero3 = zero3_run
+  c = _zero(shard_params=True, checkpoint_every=3)
+  assert train.train_and_evaluate(c, str(tmp_path), stop_after_steps=4) == {"steps": 4, "stopped_early": True}
+  resumed = train.train_and_evaluate(c, str(tmp_path))
+  assert resumed["resumed_from_step"] == 3 and resumed["test_bits_per_byte"] == zero3["test_bits_per_byte"]
+  assert _rows(tmp_path) == _rows(workdir)
+  leaves_a, tree_a = jax.tree.flatten(_checkpoint(workdir, 6))
+  leaves_b, tree_b = jax.tree.flatten(_checkpoint(tmp_path, 6))
+  assert tree_a == tree_b
+  for x, y in zip(leaves_a, leaves_b):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  state = _checkpoint(tmp_path, 3)
+  for part in ("params", "ema_params"):  # 16,384 values: 4,096 a worker, rounded up to 2,560's multiple
+    assert state[part]["local"]["residual"]["logits"]["embedding"].shape == (4, 5120), part

@@ -60,6 +60,21 @@ def test_shard_optimizer_cuts_the_chains_state_over_the_workers():
   validation.validate_config(_config(shard_optimizer=True, grad_clip_norm=1.0))
 
 
+def test_shard_params_shards_the_parameters_gathered_by_the_named_codec():
+  c = _config(shard_params=True, workers=4, optimizer="adam", compressor="blockint", compressor_kwargs={"bits": 4},
+              param_gather="blockint", param_gather_kwargs={"bits": 8})
+  validation.validate_config(c)
+  tx = optimizers.make_tx(c, ("devices", "workers"))
+  assert isinstance(tx, jaxcomp.zero.ShardedTransformation) and optimizers.param_gather(c) == jaxcomp.BlockInt(bits=8)
+  params = {"w": jnp.arange(20_000, dtype=jnp.float32).reshape(100, 200), "b": jnp.ones(5)}
+  sharded = tx.shard_params(params)
+  assert sharded.local.residual["w"].shape == (4, 5120) and sharded.whole["b"] is params["b"]
+  np.testing.assert_array_equal(tx.unshard(sharded)["w"], params["w"])
+  for bad in (dict(param_gather="int4", shard_params=True), dict(param_gather="int8")):
+    with pytest.raises(ValueError, match="param_gather"):
+      validation.validate_config(_config(**bad))
+
+
 class _FixedLogits:
   """A stand-in model (test fixture) whose logits are given."""
 

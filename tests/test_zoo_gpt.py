@@ -32,6 +32,18 @@ def test_every_registered_compressor_has_a_row_and_diloco_its_four():
   assert len(zoo_gpt.get_sweep()) == len(rows) * len(zoo_gpt.SEEDS) and len(zoo_gpt.SEEDS) == 3
 
 
+def test_zero3_rows_shard_the_recipe_with_the_zoos_gradient_rows():
+  c = zoo_gpt.get_config("zero3")
+  assert c.shard_params and c.experiment == "zoo_gpt_zero3" and c.num_train_steps == zoo_gpt.STEPS
+  sweep = dict(zoo_gpt.get_sweep("zero3"))
+  assert len(sweep) == 3 * len(zoo_gpt.ZERO3) + len(zoo_gpt.ZERO3_PARTS)
+  qwz = {"param_gather": "blockint", "param_gather_kwargs": {"bits": 8}}
+  assert sweep["qwz_qgz/seed1"] == {"compressor": "blockint", "seed": 1, "compressor_kwargs": {"bits": 4}, **qwz}
+  assert sweep["terngrad_qwz/seed2"] == {**zoo_gpt.overrides("terngrad", 2), **qwz}
+  assert sweep["none/seed0"] == zoo_gpt.overrides("none", 0) and "qgz/seed1" not in sweep
+  assert all(key in c for o in sweep.values() for key in o)
+
+
 def test_adamw_after_every_exchange_but_one_bit_adams():
   """One optimizer rule: the recipe's AdamW, except 1-bit Adam (Adam's own eps, no clip after it) and
   DeMo (plain SGD after it, no clip), which are the optimizer."""
