@@ -259,7 +259,8 @@ class _FakeRun:
     import jax  # pylint: disable=g-import-not-at-top
     import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
     self.step_root = jax.random.PRNGKey(0)
-    self.train_step = jax.jit(lambda s, x, y, k: (s + 1, {"bytes_on_wire": jnp.where(s % 3 == 2, 100, 0)}))
+    self.train_step = jax.jit(lambda s, x, y, k: (s + 1, {"bytes_on_wire": jnp.where(s % 3 == 2, 100, 0),
+                                                          "received_bytes": s}))
 
   def train_pipeline(self, start_step):
     return iter(range(start_step, 1000))
@@ -275,9 +276,10 @@ class _FakeRun:
 @pytest.mark.parametrize("pipelined", [False, True])
 def test_train_step_link_times_each_step_and_reads_its_bytes(pipelined):
   from benchmarks import train_step_link as tsl
-  times, sent = tsl.time_steps(_FakeRun(), 6, pipelined)
+  times, sent, received = tsl.time_steps(_FakeRun(), 6, pipelined)
   assert len(times) == 6 and all(t > 0 for t in times)
   assert sent == [100, 0, 0, 100, 0, 0]  # steps 2..7, after the 2 warm-up steps
+  assert received == 7  # the last step's
   args = tsl._parse(["--configs", "gpt_zoo", "--methods", "none", "--profile", "d"] + ["--pipelined"] * pipelined)  # pylint: disable=protected-access
   assert (args.pipelined, args.profile) == (pipelined, "d")
 
