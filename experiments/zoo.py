@@ -637,8 +637,28 @@ def _language_section(zoo: Zoo, out: str, plot_path: str) -> list[str]:
   if "diloco" in studies:
     lines += _diloco_study(zoo, studies["diloco"], plot_path, out, float_bpb,
                            one.get("unigram_held_out_bits_per_byte"))
+  lines += _claims(zoo, rs)
   lines += _provenance(zoo, rs, None, link_doc, heading="###")
   return lines
+
+
+def claim_text(text: str, rs: list[dict]) -> str:
+  """A claim's text with the table's figures filled in: ``{bpb:<row>}`` (mean over the seeds),
+  ``{bytes:<row>}`` and ``{peak:<row>}`` (a worker's mean and largest step) and ``{ratio:<row>}``
+  (float32 bytes over the mean)."""
+  cells = {r["name"]: r["acc"] for r in rs if r["acc"]}
+  return fill_figures(text, cells, {"bpb": lambda a: f"{a['mean']:.3f}", "bytes": lambda a: _fmt_bytes(a["bytes"]),
+                                    "peak": lambda a: _fmt_bytes(a["peak"]) if a["peak"] is not None else NOT_MEASURED,
+                                    "ratio": lambda a: f"{a['ratio']:.0f}×"})
+
+
+def _claims(zoo: Zoo, rs: list[dict]) -> list[str]:
+  """The rows set against their papers' claims (the config's ``CLAIMS``), figures from the table."""
+  claims = getattr(zoo.module, "CLAIMS", {})
+  if not claims:
+    return []
+  return (["### Against the papers' claims", ""]
+          + [f"* **{title}** {claim_text(text, rs)}" for title, text in claims.items()] + [""])
 
 
 def _mean_of(train: list[dict], key: str, last: int = 0) -> float:

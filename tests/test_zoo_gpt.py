@@ -214,3 +214,15 @@ def test_labelled_rows_are_timed_as_their_rows():
       owner = row["diagnosis"].split("/")[0]
       assert row.get("timing") == zoo_gpt.SETTINGS[owner].get("timing"), name
   assert z.timing_kwargs("dgc.density=0.1") == {"density": 0.1, "warmup_steps": 0}
+
+
+def test_claims_name_rows_of_the_table_and_fill_their_figures():
+  import re  # pylint: disable=g-import-not-at-top
+  names = set(zoo_gpt.registered())
+  for text in zoo_gpt.CLAIMS.values():
+    for figure, row in re.findall(r"\{(\w+):([^}]+)\}", text):
+      assert figure in ("bpb", "bytes", "peak", "ratio") and row in names, (figure, row)
+  rs = [{"name": "none", "acc": {"mean": 2.9451, "bytes": 482304.0, "peak": 482304.0, "ratio": 1.0}},
+        {"name": "demo", "acc": {"mean": 3.4412, "bytes": 10960.0, "peak": None, "ratio": 44.0}}]
+  assert zoo.claim_text("{bpb:demo} vs {bpb:none}, {ratio:demo}, {bytes:demo}, {peak:demo}, {bpb:topk}", rs) == (
+      "3.441 vs 2.945, 44×, 11.0 kB, not measured, not measured")
