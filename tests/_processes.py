@@ -37,6 +37,12 @@ def worker_xla_flags(devices: int) -> str:
   return " ".join(([f"--xla_force_host_platform_device_count={devices}"] if devices > 1 else []) + same)
 
 
+def compilation_cache_env(directory) -> dict:
+  """Environment for subprocesses that share one compilation cache in ``directory``: every
+  program cached (however short its compile), so a later process loads what an earlier compiled."""
+  return {"JAX_COMPILATION_CACHE_DIR": str(directory), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+
+
 def run_workers(script: str, num_processes: int, tmp_path, timeout: float = 300, args=(),
                 devices: int = 1) -> list[dict]:
   """Runs ``tests/multiprocess/<script> PORT P RANK OUT.npz *args`` as P processes; returns their outputs.

@@ -36,9 +36,9 @@ if _TIMEOUT not in os.environ["XLA_FLAGS"]:
 # its time): XLA:CPU's classic emitters compile them faster than its default fusion emitters.
 # A code-generation choice of XLA:CPU alone, after the same HLO passes (GPUs and TPUs have back
 # ends of their own), but it rounds differently: the multi-process tests' workers, compared with
-# this process bit for bit, and the multi-process training runs get it too
-# (_processes.worker_xla_flags). The subprocesses that run the README, the launcher's own tests,
-# sweeps and the zoo compile with XLA:CPU's defaults.
+# this process bit for bit, get it too, and so do the subprocesses that run the README and the
+# docs' pages, the launcher, multi-process training, sweeps and the zoo, which compile much of
+# what the suite's run takes (_processes.worker_xla_flags).
 _EMITTERS = "--xla_cpu_use_fusion_emitters"
 if _EMITTERS not in os.environ["XLA_FLAGS"]:
   os.environ["XLA_FLAGS"] += f" {_EMITTERS}=false"

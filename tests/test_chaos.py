@@ -18,7 +18,7 @@ import pytest
 
 from benchmarks import chaos
 
-from _processes import worker_xla_flags
+from _processes import compilation_cache_env, worker_xla_flags
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -26,9 +26,8 @@ STEPS, EVERY = 12, 3
 
 
 def test_random_sigkills_end_bit_identical(tmp_path):
-  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=worker_xla_flags(4),
-             PYTHONPATH=chaos.ROOT, JAX_COMPILATION_CACHE_DIR=str(tmp_path / "xla_cache"),
-             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=worker_xla_flags(4), PYTHONPATH=chaos.ROOT,
+             **compilation_cache_env(tmp_path / "xla_cache"))
   figures = {}
   for name, kills in (("reference", 0), ("chaos", 2)):
     workdir = str(tmp_path / name)

@@ -32,7 +32,7 @@ import pytest
 
 from experiments import train
 
-from _processes import free_port, load_multiprocess_module, worker_xla_flags
+from _processes import compilation_cache_env, free_port, load_multiprocess_module, worker_xla_flags
 
 # Worker processes: a minute or more on two cores. The module's training fixture counts
 # against its first test's time limit (90 s with other jobs on the machine).
@@ -54,8 +54,7 @@ def worker_env(cache):
   the first one did: with one compilation cache for them all, the later
   ones load it instead.
   """
-  return dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=worker_xla_flags(4),
-              JAX_COMPILATION_CACHE_DIR=str(cache), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+  return dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=worker_xla_flags(4), **compilation_cache_env(cache))
 
 
 @pytest.fixture(scope="module")
