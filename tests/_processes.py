@@ -26,14 +26,20 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
+# conftest.py's XLA:CPU flags that a test's subprocesses take too.
+_SAME_FLAGS = ("--xla_cpu_use_fusion_emitters", "--xla_cpu_collective_call_terminate_timeout_seconds")
+
+
 def worker_xla_flags(devices: int) -> str:
-  """XLA_FLAGS for a worker process: ``devices`` CPU devices, and conftest.py's XLA:CPU emitters.
+  """XLA_FLAGS for a test's subprocess: ``devices`` CPU devices, conftest.py's XLA:CPU emitters
+  and its limit on a collective's rendezvous.
 
   The workers compile as this process does: their numbers are compared with this
   process's bit for bit (the emitters round differently), and the classic
-  emitters compile faster.
+  emitters compile faster. A device starved on a loaded machine still joins its
+  devices' collective within the longer limit.
   """
-  same = [f for f in os.environ.get("XLA_FLAGS", "").split() if f.startswith("--xla_cpu_use_fusion_emitters")]
+  same = [f for f in os.environ.get("XLA_FLAGS", "").split() if f.startswith(_SAME_FLAGS)]
   return " ".join(([f"--xla_force_host_platform_device_count={devices}"] if devices > 1 else []) + same)
 
 
