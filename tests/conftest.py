@@ -28,7 +28,8 @@ if _FLAG not in os.environ.get("XLA_FLAGS", ""):
 # The 8 devices' collectives meet in a rendezvous that XLA:CPU aborts the whole
 # process on after a termination timeout (40 s by default). A participant starved
 # on a loaded 2-core machine still arrives within the longer limit; a deadlock
-# (docs/design.md, "Host devices") ends in SIGABRT (`pytest -s` shows XLA's log).
+# (docs/design.md, "Host devices") ends in SIGABRT (`pytest -s` shows XLA's log). The tests'
+# subprocesses get the longer limit too (_processes.worker_xla_flags).
 _TIMEOUT = "--xla_cpu_collective_call_terminate_timeout_seconds"
 if _TIMEOUT not in os.environ["XLA_FLAGS"]:
   os.environ["XLA_FLAGS"] += f" {_TIMEOUT}=180"
@@ -36,8 +37,9 @@ if _TIMEOUT not in os.environ["XLA_FLAGS"]:
 # its time): XLA:CPU's classic emitters compile them faster than its default fusion emitters.
 # A code-generation choice of XLA:CPU alone, after the same HLO passes (GPUs and TPUs have back
 # ends of their own), but it rounds differently: the multi-process tests' workers, compared with
-# this process bit for bit, get it too (_processes.py). The subprocesses that run the README, the
-# launcher, multi-process training, sweeps and the zoo compile with XLA:CPU's defaults.
+# this process bit for bit, get it too, and so do the subprocesses that run the README and the
+# docs' pages, multi-process training, sweeps and the zoo, which compile much of what the
+# suite's run takes (_processes.worker_xla_flags). The launcher's tests run theirs with defaults.
 _EMITTERS = "--xla_cpu_use_fusion_emitters"
 if _EMITTERS not in os.environ["XLA_FLAGS"]:
   os.environ["XLA_FLAGS"] += f" {_EMITTERS}=false"

@@ -23,6 +23,8 @@ import pytest
 import jaxcomp
 from jaxcomp import codecs
 
+from _processes import worker_xla_flags
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
 OPTIONS = (ROOT / "docs" / "options.md").read_text()  # the compressors, their options and metrics
@@ -36,8 +38,7 @@ def _run(blocks, tmp_path):
   """Runs ``blocks`` as one program in a fresh interpreter (8 host devices); returns what it printed."""
   program = tmp_path / "readme_program.py"
   program.write_text("\n".join(blocks))
-  env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu",
-             XLA_FLAGS="--xla_force_host_platform_device_count=8")
+  env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", XLA_FLAGS=worker_xla_flags(8))
   out = subprocess.run([sys.executable, str(program)], cwd=tmp_path, env=env, capture_output=True,
                        text=True, timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]

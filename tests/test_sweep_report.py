@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from _processes import compilation_cache_env, worker_xla_flags
 from _report_tables import number, numbers_after, row, section, table
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -18,27 +19,29 @@ def _sweep(root, *extra):
          "--root", str(root), "--only", "workers=2", "--only", "optimizer=sgd",
          "--set", "num_train_steps=6", "--set", "eval_every=3", "--set", "log_every=3",
          "--set", "eval_batch_size=500", "--checkpoint_every", "3", *extra]
-  env = dict(os.environ, XLA_FLAGS="")
+  # The grid's runs compile the same evaluation and initialization: the later run loads them.
+  env = dict(os.environ, XLA_FLAGS=worker_xla_flags(1), **compilation_cache_env(root.parent / "xla_cache"))
   return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
 
 
 @pytest.mark.slow
 def test_sweep_then_report(tmp_path):
-  out = _sweep(tmp_path)
+  root = tmp_path / "runs"
+  out = _sweep(root)
   assert out.returncode == 0, out.stderr[-2000:]
   assert "2 runs: 0 done, 0 partial, 2 to do" in out.stdout
-  base = tmp_path / "TG-F3" / "mnist5k" / "sgd" / "N02"
+  base = root / "TG-F3" / "mnist5k" / "sgd" / "N02"
   for comp in ("none", "terngrad"):
     s = json.load(open(base / comp / "summary.json"))
     assert s["steps"] == 6 and s["workers"] == 2 and s["compressor"] == comp
     assert (base / comp / "command.txt").read_text().startswith("python -m experiments.train")
   # Finished runs are not run again.
-  again = _sweep(tmp_path)
+  again = _sweep(root)
   assert "2 runs: 2 done, 0 partial, 0 to do" in again.stdout
   assert "[1/2]" not in again.stdout
 
   from experiments import report
-  text = report.build(str(tmp_path), str(tmp_path / "docs" / "results.md"))
+  text = report.build(str(root), str(tmp_path / "docs" / "results.md"))
   a = json.load(open(base / "none" / "summary.json"))["test_accuracy"]
   b = json.load(open(base / "terngrad" / "summary.json"))["test_accuracy"]
   f3 = section(text, "TG-F3")

@@ -7,6 +7,7 @@ import optax
 import pytest
 
 import jaxcomp
+from _processes import compilation_cache_env, worker_xla_flags
 from _report_tables import number, numbers, row, table
 from benchmarks import link
 from configs import zoo as zoo_config
@@ -126,7 +127,9 @@ def test_link_step_without_root_says_so(monkeypatch, tmp_path):
 def test_runlocal_runs_then_reports_from_files_alone(tmp_path, monkeypatch, capfd):
   # In this process (JAX is up already); the sweep's training runs are subprocesses, on one device each.
   monkeypatch.chdir(ROOT)
-  monkeypatch.setenv("XLA_FLAGS", "")
+  monkeypatch.setenv("XLA_FLAGS", worker_xla_flags(1))
+  for key, value in compilation_cache_env(tmp_path / "xla_cache").items():  # a zoo's runs share programs
+    monkeypatch.setenv(key, value)
   base = ["--config", "configs/zoo.py:runlocal", "--config", "configs/zoo_gpt.py:runlocal", "--root", str(tmp_path)]
   docs = ["--out", str(tmp_path / "zoo.md"), "--plot", str(tmp_path / "zoo.png")]
   assert zoo.main(base + ["--steps", "accuracy,throughput,report", "--size", "64K", "--repeats", "1"] + docs) == 0

@@ -6,7 +6,7 @@ Usage (from the repository root)::
   XLA_FLAGS=--xla_force_host_platform_device_count=4 \
       python tests/multiprocess/train_worker.py OUT_DIR COMPRESSOR[@LABEL][,...] \
           [--steps=S] [--checkpoint_every=C] [--heartbeat=SECONDS] [--die_after_checkpoint=K] \
-          [--sigterm_parent_at=K] [--die_at_step=K] [--stop_after_steps=K]
+          [--sigterm_parent_at=K] [--stop_after_steps=K]
 
 Runs ``experiments.train.train_and_evaluate`` of ``train_config.config(name)``
 for every name into ``OUT_DIR/name`` (``OUT_DIR/name@label`` with a label)
@@ -15,9 +15,6 @@ and prints each summary as a JSON line; ``experiments.train`` initializes
 each run stops after K steps of this invocation (0: it only restores).
 ``--die_after_checkpoint=K``: process 1 SIGKILLs itself once the
 checkpoint of step K is complete (a failure, for the resume test).
-``--die_at_step=K``: process 1 SIGKILLs itself after step K, once the
-checkpoints before it are complete, and only once for ``OUT_DIR`` (a
-restarted process goes on: for the launcher's restarts).
 ``--sigterm_parent_at=K``: process 1 sends SIGTERM to its parent (the
 launcher) after step K, then waits for JAX's preemption notice to reach every
 process (a preemption, for the preemption test).
@@ -52,29 +49,6 @@ def die_after_checkpoint(step_to_die: int) -> None:
   state_lib.Checkpointer.save = save_then_die
 
 
-def die_at_step(step_to_die: int, once: str) -> None:
-  """Makes this process SIGKILL itself after ``step_to_die`` unless the file ``once`` exists (it writes it)."""
-  reached = preemption.Watcher.reached
-  save = state_lib.Checkpointer.save
-  checkpointers = []
-
-  def save_and_keep(self, step, state):
-    checkpointers.append(self)
-    save(self, step, state)
-
-  def die_at(self, step):
-    if step == step_to_die and not os.path.exists(once):
-      for c in checkpointers:
-        c.wait()
-      open(once, "w").close()
-      print(f"worker: SIGKILL after step {step}", flush=True)
-      os.kill(os.getpid(), signal.SIGKILL)
-    return reached(self, step)
-
-  state_lib.Checkpointer.save = save_and_keep
-  preemption.Watcher.reached = die_at
-
-
 def sigterm_parent_at(step_to_signal: int) -> None:
   """Makes this process SIGTERM its parent after ``step_to_signal``, as a scheduler would the launcher.
 
@@ -105,8 +79,6 @@ def main(argv):
     die_after_checkpoint(int(opts["die_after_checkpoint"]))
   if "sigterm_parent_at" in opts and rank1:
     sigterm_parent_at(int(opts["sigterm_parent_at"]))
-  if "die_at_step" in opts and rank1:
-    die_at_step(int(opts["die_at_step"]), os.path.join(out_dir, "died_once"))
   for name in names:
     summary = train.train_and_evaluate(train_config.config(name.split("@")[0], **kwargs),
                                        os.path.join(out_dir, name), stop_after_steps=stop)
