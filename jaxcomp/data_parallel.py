@@ -289,15 +289,15 @@ class DataParallel:
       params = self._kept(*sharded, params)
     return params, opt_state, jax.tree.map(jnp.asarray, aux)
 
-  def _gathered(self, places: "_Places", where: int, opt_state: Any) -> tuple[Any, Any]:
+  def _gathered(self, places: list, treedef: Any, where: int, opt_state: Any) -> tuple[Any, Any]:
     """The parameters with their sharded part gathered whole (:meth:`jaxcomp.zero.ShardedTransformation.gather_params`)."""
     whole, opt_state = self.tx.gather_params(places[where], opt_state)
-    return places.treedef.unflatten(places[:where] + [whole] + places[where + 1:]), opt_state
+    return treedef.unflatten(places[:where] + [whole] + places[where + 1:]), opt_state
 
-  def _kept(self, places: "_Places", where: int, params: Any) -> Any:
+  def _kept(self, places: list, treedef: Any, where: int, params: Any) -> Any:
     """The new parameters with their sharded part cut to this worker's chunks again."""
-    new = places.treedef.flatten_up_to(params)
-    return places.treedef.unflatten(new[:where] + [self.tx.keep_shard(new[where])] + new[where + 1:])
+    new = treedef.flatten_up_to(params)
+    return treedef.unflatten(new[:where] + [self.tx.keep_shard(new[where])] + new[where + 1:])
 
   def __repr__(self):
     where = ", ".join(([f"workers={self._workers}"] if self._workers is not None else [])
@@ -310,23 +310,16 @@ def _shards_params(tx: Any) -> bool:
   return isinstance(tx, zero.ShardedTransformation)
 
 
-class _Places(list):
-  """The leaves of a tree flattened down to its :class:`~jaxcomp.zero_params.ShardedParams`, with the treedef."""
-
-  def __init__(self, leaves, treedef):
-    super().__init__(leaves)
-    self.treedef = treedef
-
-
-def _sharded_params(params: Any) -> Optional[tuple[_Places, int]]:
+def _sharded_params(params: Any) -> Optional[tuple[list, Any, int]]:
   """Where ``params`` holds its :class:`~jaxcomp.zero_params.ShardedParams` (the whole tree, or a part of it, as
-  ``(params, batch_stats)``): its places and the index, or ``None`` (refused: more than one)."""
+  ``(params, batch_stats)``): the tree flattened down to it, its treedef and its index, or ``None`` (refused:
+  more than one)."""
   is_sharded = lambda x: isinstance(x, zero_params.ShardedParams)
   leaves, treedef = jax.tree.flatten(params, is_leaf=is_sharded)
   where = [i for i, x in enumerate(leaves) if is_sharded(x)]
   if len(where) > 1:
     raise ValueError(f"data_parallel: the parameters hold {len(where)} jaxcomp ShardedParams; a step gathers one.")
-  return (_Places(leaves, treedef), where[0]) if where else None
+  return (leaves, treedef, where[0]) if where else None
 
 
 def _param_axes(params: Any) -> Any:

@@ -142,7 +142,7 @@ def shard_optimizer(tx: optax.GradientTransformation, *, axis_name: parallel.Axi
   buckets.check_bucket_bytes(bucket_bytes)
   for name, codec in (("gather", gather), ("param_gather", param_gather)):
     _check_gather_codec(name, codec)
-  if param_gather is not None and (not shard_params or codec_is_stochastic(param_gather)):
+  if param_gather is not None and (not shard_params or param_gather.unbiased):
     raise ValueError(f"jaxcomp.shard_optimizer(param_gather={type(param_gather).__name__}(...)) takes "
                      "shard_params=True and a deterministic codec (int8, a block quantizer): the master chunks are "
                      "encoded afresh every step, so a stochastic one would need a key of its own.")
@@ -171,11 +171,6 @@ class ShardedTransformation(NamedTuple):
   gather_params: Any  # inside a step: (ShardedParams, state) -> (whole params, state with the gather's bytes)
   keep_shard: Any  # inside a step: whole params -> this worker's ShardedParams
   unshard: Any  # every worker's ShardedParams -> whole params (outside a step: no exchange)
-
-
-def codec_is_stochastic(codec: core.Compressor) -> bool:
-  """Whether ``codec`` draws random numbers (an unbiased quantizer)."""
-  return bool(codec.unbiased)
 
 
 def _check_gather_codec(name: str, codec: Optional[core.Compressor]) -> None:
@@ -256,9 +251,8 @@ class _Sharding(NamedTuple):
   # -- update --------------------------------------------------------------------------------------
 
   def update(self, updates: Any, state: ShardedOptimizerState, params: Any = None, **extra_args):
-    workers = self.workers()
+    workers, index = self.worker()
     lays = self.lays(updates, workers)
-    index = parallel.axis_index(self.axis_name) if workers > 1 else 0
     chain_state = _merged(state.replicated, state.local.residual)
     with scatter.scattering(self.align, axis_name=self.axis_name, lays=lays, traffic=transport.Traffic()) as context:
       shards, chain_state = self.tx.update(updates, chain_state, _shards(params, lays, index), **extra_args)
@@ -272,13 +266,13 @@ class _Sharding(NamedTuple):
                "received_bytes": received + context.traffic.received}
     return whole, self.new_state(state, chain_state, metrics, gather)
 
-  def workers(self) -> int:
-    """The size of the worker axis (inside a step), checked against ``num_workers``."""
+  def worker(self) -> tuple[int, Any]:
+    """Inside a step: the size of the worker axis (checked against ``num_workers``) and this worker's index."""
     workers = parallel.axis_size(self.axis_name)
     if workers != self.num_workers:
       raise ValueError(f"jaxcomp.shard_optimizer(num_workers={self.num_workers}) runs over {workers} workers "
                        f"of {self.axis_name!r}: its state is cut for {self.num_workers}.")
-    return workers
+    return workers, parallel.axis_index(self.axis_name) if workers > 1 else 0
 
   def placed(self, shards: Any, lays: list, like: Any, index: Any) -> Any:
     """The updates whole-shaped, each cut tensor's zero outside this worker's chunk (nothing exchanged)."""
@@ -287,6 +281,12 @@ class _Sharding(NamedTuple):
     return treedef.unflatten([u if lay is None else zero_params.placed(u, lay, shape, index)
                               for u, lay, shape in zip(leaves, lays, shapes)])
 
+  def check_cuts(self, codec: core.Compressor, lays: list) -> None:
+    """Refuses ``codec`` for an all-gather of these cuts (no two-phase form, or chunks it cannot keep whole)."""
+    for lay in lays:
+      if lay is not None:
+        scatter.check_compressor(codec, lay, self.align)
+
   # -- sharded parameters (shard_params=True) -------------------------------------------------------
 
   def shard_params(self, params: Any) -> zero_params.ShardedParams:
@@ -294,9 +294,10 @@ class _Sharding(NamedTuple):
     return zero_params.shard(params, self.lays(params, self.num_workers))
 
   def cut_lays(self, sharded: zero_params.ShardedParams, workers: int) -> list:
+    """:meth:`lays` of the whole parameters ``sharded`` holds (a cut tensor by its shape and dtype)."""
     places, _, _ = zero_params.positions(sharded)
-    return [scatter.split(core.size_of(p.shape), workers, self.align) if isinstance(p, zero_params.Cut) else None
-            for p in places]
+    return self.lays([jax.ShapeDtypeStruct(p.shape, p.dtype) if isinstance(p, zero_params.Cut) else p
+                      for p in places], workers)
 
   def unshard(self, sharded: zero_params.ShardedParams) -> Any:
     """The whole parameters from every worker's rows (outside a step: no exchange)."""
@@ -304,20 +305,16 @@ class _Sharding(NamedTuple):
 
   def keep_shard(self, params: Any) -> zero_params.ShardedParams:
     """Inside a step: this worker's chunks of the new whole ``params``."""
-    workers = self.workers()
-    index = parallel.axis_index(self.axis_name) if workers > 1 else 0
+    workers, index = self.worker()
     return zero_params.own(params, self.lays(params, workers), index)
 
   def gather_params(self, sharded: zero_params.ShardedParams, state: ShardedOptimizerState):
     """Inside a step: the whole parameters from every worker's chunks, and ``state`` with the gather's bytes."""
-    workers = self.workers()
-    index = parallel.axis_index(self.axis_name) if workers > 1 else 0
+    workers, index = self.worker()
     places, treedef, chunks = zero_params.positions(sharded)
     lays = self.cut_lays(sharded, workers)
     if self.param_gather is not None:
-      for lay in lays:
-        if lay is not None:
-          scatter.check_compressor(self.param_gather, lay, self.align)
+      self.check_cuts(self.param_gather, lays)
     key = jax.random.PRNGKey(self.seed)  # a deterministic codec (checked): no draw depends on it
     steps = [p if lay is None else zero_params.gather_steps(c, p, lay, self.param_gather, key, index)
              for p, c, lay in zip(places, chunks, lays)]
@@ -344,9 +341,7 @@ class _Sharding(NamedTuple):
     if gather is None:
       steps = [u if lay is None else _gather_steps(u, lay, shape) for u, lay, shape in zip(leaves, lays, shapes)]
     else:
-      for lay in lays:
-        if lay is not None:
-          scatter.check_compressor(self.gather, lay, self.align)
+      self.check_cuts(self.gather, lays)
       step_key, next_key = jax.random.split(gather.key)
       residuals = treedef.flatten_up_to(gather.local.residual)
       keys = [jax.random.fold_in(jax.random.fold_in(step_key, i), index) for i in range(len(leaves))]
@@ -421,10 +416,7 @@ def _encoded_gather_steps(codec: core.Compressor, u: jax.Array, residual: jax.Ar
                           lay: two_phase.Split, shape: tuple[int, ...]):
   """A chunk of the update plus its residual encoded, every worker's gathered and decoded: ``(whole, residual)``."""
   y = u.astype(jnp.float32) + residual
-  payload = codec.encode(y, key, codec.agree(y))  # one encoder a chunk: its own scalars, no agreement round
-  size = codec.encoded_bytes(payload, (lay.chunk,))
-  rows = yield core.Message("gather", payload, encoded=None if size is None else jnp.asarray(size, jnp.uint32))
-  decoded = jax.vmap(lambda p: codec.decode(p, (lay.chunk,)))(rows)
+  decoded, payload = yield from zero_params.encoded_rows(codec, y, key, lay)
   return scatter.whole(decoded, lay, shape).astype(u.dtype), y - codec.decode(payload, (lay.chunk,))
 
 

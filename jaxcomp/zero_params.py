@@ -129,9 +129,18 @@ def gather_steps(chunk: jax.Array, place: Cut, lay: two_phase.Split, codec: Opti
     rows = yield core.Message("gather", chunk)
     return scatter.whole(rows, lay, place.shape)
   x = chunk.astype(jnp.float32)
+  decoded, _ = yield from encoded_rows(codec, x, key, lay)
+  decoded = jax.lax.dynamic_update_slice(decoded, x[None], (index, 0))
+  return scatter.whole(decoded, lay, place.shape).astype(place.dtype)
+
+
+def encoded_rows(codec: core.Compressor, x: jax.Array, key: jax.Array, lay: two_phase.Split):
+  """A chunk ``x`` encoded, every worker's payload all-gathered (messages) and decoded: ``(rows, payload)``.
+
+  One encoder a chunk: its own scalars, no agreement round. Also the
+  updates' compressed all-gather of :func:`jaxcomp.shard_optimizer` (``gather=``).
+  """
   payload = codec.encode(x, key, codec.agree(x))
   size = codec.encoded_bytes(payload, (lay.chunk,))
   rows = yield core.Message("gather", payload, encoded=None if size is None else jnp.asarray(size, jnp.uint32))
-  decoded = jax.vmap(lambda p: codec.decode(p, (lay.chunk,)))(rows)
-  decoded = jax.lax.dynamic_update_slice(decoded, x[None], (index, 0))
-  return scatter.whole(decoded, lay, place.shape).astype(place.dtype)
+  return jax.vmap(lambda p: codec.decode(p, (lay.chunk,)))(rows), payload
