@@ -24,6 +24,7 @@ from experiments import writers
 from experiments.state import TrainState
 from jaxcomp import data as data_lib
 from jaxcomp import models as models_lib
+from jaxcomp import zero
 
 
 @dataclasses.dataclass
@@ -143,7 +144,7 @@ def build(config: ml_collections.ConfigDict, workdir: str) -> Run:
 def whole_params_fn(tx, mesh: jax.sharding.Mesh) -> Callable[[Any], Any]:
   """The whole model's parameters from the state's: the identity, or, with ``config.shard_params``,
   every worker's chunks put together (``tx.unshard``: no exchange), replicated on ``mesh``."""
-  if not state_lib.shards_params(tx):
+  if not zero.shards_params(tx):
     return lambda params: params
   return jax.jit(tx.unshard, out_shardings=NamedSharding(mesh, P()))
 

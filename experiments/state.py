@@ -100,15 +100,10 @@ def _host_state(config, tx, variables) -> TrainState:
   """The state at step 0, as this process computes it (the same in every process)."""
   params = variables["params"]
   opt_state = parallel.replicate_workers(tx.init(params), config.workers)
-  if shards_params(tx):  # ZeRO-3: every worker's chunks (jaxcomp.zero_params)
+  if zero.shards_params(tx):  # ZeRO-3: every worker's chunks (jaxcomp.zero_params)
     params = tx.shard_params(params)
   ema = params if config.ema_decay > 0 else {}
   return TrainState(jnp.zeros((), jnp.int32), params, variables.get("batch_stats", {}), opt_state, ema)
-
-
-def shards_params(tx) -> bool:
-  """Whether ``tx`` shards the parameters (``config.shard_params``: :class:`jaxcomp.zero.ShardedTransformation`)."""
-  return isinstance(tx, zero.ShardedTransformation)
 
 
 def initial_state(config, tx, variables, abstract: TrainState) -> TrainState:

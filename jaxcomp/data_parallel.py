@@ -160,7 +160,7 @@ class DataParallel:
     opt_state = self.tx.init(params)
     opt_state = parallel.replicate_workers(opt_state, self.num_workers(opt_state))
     params = jax.tree.map(jnp.array, params)  # a copy (device_put would alias the caller's buffers)
-    if _shards_params(self.tx):  # ZeRO-3: each worker's chunks (jaxcomp.zero_params)
+    if zero.shards_params(self.tx):  # ZeRO-3: each worker's chunks (jaxcomp.zero_params)
       params = self.tx.shard_params(params)
     if self.mesh is None:
       return params, opt_state
@@ -239,9 +239,9 @@ class DataParallel:
     n = self.num_workers(opt_state)
     parallel.check_state(opt_state, n)
     parallel.check_batch(batch, n)
-    if _shards_params(self.tx) != bool(_sharded_params(params)):
-      raise ValueError("data_parallel: the parameters are " + ("whole" if _shards_params(self.tx) else "sharded")
-                       + " but the optimizer " + ("shards them" if _shards_params(self.tx) else "does not")
+    if zero.shards_params(self.tx) != bool(_sharded_params(params)):
+      raise ValueError("data_parallel: the parameters are " + ("whole" if zero.shards_params(self.tx) else "sharded")
+                       + " but the optimizer " + ("shards them" if zero.shards_params(self.tx) else "does not")
                        + " (jaxcomp.shard_optimizer(shard_params=...)): make them with step.init(params).")
     parallel.check_state(params, n)
 
@@ -303,11 +303,6 @@ class DataParallel:
     where = ", ".join(([f"workers={self._workers}"] if self._workers is not None else [])
                       + ([f"mesh={dict(self.mesh.shape)}"] if self.mesh is not None else []))
     return f"DataParallel({getattr(self.worker_step, '__name__', 'worker_step')}, {where})"
-
-
-def _shards_params(tx: Any) -> bool:
-  """Whether ``tx`` shards the parameters too (:func:`jaxcomp.shard_optimizer` with ``shard_params=True``)."""
-  return isinstance(tx, zero.ShardedTransformation)
 
 
 def _sharded_params(params: Any) -> Optional[tuple[list, Any, int]]:

@@ -153,6 +153,11 @@ def shard_optimizer(tx: optax.GradientTransformation, *, axis_name: parallel.Axi
   return optax.GradientTransformationExtraArgs(sharding.init, sharding.update)
 
 
+def shards_params(tx: Any) -> bool:
+  """Whether ``tx`` shards the parameters too (:func:`shard_optimizer` with ``shard_params=True``)."""
+  return isinstance(tx, ShardedTransformation)
+
+
 class ShardedTransformation(NamedTuple):
   """:func:`shard_optimizer` with ``shard_params=True``: optax's ``init`` and ``update``, and the parameters' steps.
 
