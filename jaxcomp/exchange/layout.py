@@ -256,8 +256,8 @@ class Layout:
 
     Each chunk is summed, then each tensor's chunks in order (a segment sum
     over the static chunk-to-tensor map): a few passes for the whole bucket
-    where a reduction a tensor costs a kernel launch each (XLA:CPU: ResNet-110's
-    329 tensors, about 15 µs each). A tensor's sum does not depend on where
+    where a reduction a tensor costs a kernel launch each (docs/design.md,
+    "Encoding a bucket at once"). A tensor's sum does not depend on where
     its chunks lie, so a bucket of one gives the same bits. (On GPU the
     segment sum is an atomic scatter-add unless ``--xla_gpu_deterministic_ops``
     is set: the order of the chunks' sums, and so the last bit, may then vary
