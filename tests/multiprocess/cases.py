@@ -61,19 +61,31 @@ def DATA_PARALLEL(num_workers):  # pylint: disable=invalid-name
   return make_tx, _classifier_step, {"w": jnp.zeros((6, 3)), "b": jnp.zeros(3)}, _classes(num_workers, 6, 3), 3
 
 
+# jaxcomp.shard_optimizer's runs of ZERO by name: the gradients' compressor, and with ZeRO-3
+# (shard_params) the parameters' gather (qwZ: int8 blocks of 40 values, as the chunks are aligned).
+ZERO_RUNS = {
+    "float": ("none", {}),
+    "terngrad": ("terngrad", {}),
+    "float_params": ("none", {"shard_params": True}),
+    "qwz_terngrad": ("terngrad", {"shard_params": True, "param_gather": jaxcomp.BlockInt(bits=8, block=40)}),
+}
+
+
 def ZERO(num_workers):  # pylint: disable=invalid-name
-  """``jaxcomp.shard_optimizer``'s case: (make_tx(compressor, axis), worker_step(tx, axis), params, batch, steps).
+  """``jaxcomp.shard_optimizer``'s case: (make_tx(run, axis), worker_step(tx, axis), params, batch, steps).
 
   AdamW sharded over the workers, after ``"none"`` (float) or TernGrad with
-  error feedback; ``w`` (640 values) is cut into a chunk a worker, ``b`` stays
-  whole. ``steps``: before and after a checkpoint.
+  error feedback, the parameters whole or sharded too (``run``, a name of
+  ``ZERO_RUNS``); ``w`` (640 values) is cut into a chunk a worker, ``b``
+  stays whole. ``steps``: before and after a checkpoint.
   """
 
-  def make_tx(compressor, axis):
+  def make_tx(run, axis):
+    compressor, stage3 = ZERO_RUNS[run]
     head = (jaxcomp.get_transform("none", axis_name=axis) if compressor == "none"
             else jaxcomp.terngrad(axis_name=axis, error_feedback=True))
     return jaxcomp.shard_optimizer(optax.chain(head, optax.adamw(0.05, weight_decay=0.1)), axis_name=axis,
-                                   num_workers=num_workers, align=40)
+                                   num_workers=num_workers, align=40, **stage3)
 
   return make_tx, _classifier_step, {"w": jnp.zeros((40, 16)), "b": jnp.zeros(16)}, _classes(num_workers, 40, 16), (2, 2)
 
