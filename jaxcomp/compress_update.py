@@ -64,6 +64,14 @@ class Compress:
     return parallel.axis_names(self.axis_name)
 
   @property
+  def exchange_axes(self) -> parallel.AxisName:
+    """The axes the update's messages travel over: ``axis_name``; reduce-scattered with ``within``, the
+    host's axes too (every device a worker of the sharded layout, its hops over each: :meth:`scatter_tensor`)."""
+    if self.within is not None and scatter.active() is not None:
+      return self.worker_axes + parallel.axis_names(self.within)
+    return self.axis_name
+
+  @property
   def routed(self) -> bool:
     """Whether a tensor may take the two-phase exchange (``exchange`` other than ``"all_gather"``)."""
     return self.compressor is not None and self.exchange != "all_gather"
@@ -75,8 +83,10 @@ class Compress:
 
   @property
   def use_shard(self) -> bool:
-    """Whether the state keeps the two-phase exchange's shard residuals."""
-    return self.routed and self.use_ef and not two_phase.unsupported(self.compressor)
+    """Whether the state keeps the two-phase exchange's shard residuals (reduce-scattered with ``within``:
+    the second hop's, :func:`~jaxcomp.exchange.scatter.two_hop_steps`)."""
+    two_hops = self.within is not None and self.compressor is not None and scatter.active() is not None
+    return (self.routed or two_hops) and self.use_ef and not two_phase.unsupported(self.compressor)
 
   @property
   def keys(self) -> tuple[str, ...]:
@@ -98,7 +108,7 @@ class Compress:
     or inside :func:`jaxcomp.exchange.scatter.scattering` those reduce-scattered."""
     context = scatter.active()
     if context is not None:
-      return self.scattered(p, context.align)
+      return self.scattered(p, context)
     if not self.routed:
       return p
     groups = [[i for i in ids if not p.skipped[i]] for ids in self.groups(p, topology)]
@@ -106,12 +116,15 @@ class Compress:
                                      parallel.axis_size(self.axis_name), self.exchange)
     return p._replace(two_phase=frozenset(i for i, r in enumerate(routes) if r == "two_phase"))
 
-  def scattered(self, p: UpdatePlan, align: int) -> UpdatePlan:
+  def scattered(self, p: UpdatePlan, context: scatter.Scattering) -> UpdatePlan:
     """``p`` with the tensors that :func:`jaxcomp.exchange.scatter.split` cuts over the workers."""
-    if self.within is not None:
-      raise ValueError("jaxcomp.shard_optimizer does not take a compressor with within= (a host's float mean "
-                       "before the compressed exchange); build the compressor without it.")
-    workers = parallel.axis_size(self.axis_name)
+    if self.within is not None and self.compressor is not None:
+      scatter.check_two_hops(self.compressor)
+    axes, align = parallel.axis_names(self.exchange_axes), context.align
+    if context.axis_name is not None and parallel.axis_names(context.axis_name) != axes:
+      raise ValueError(f"jaxcomp.shard_optimizer(axis_name={context.axis_name!r}) cuts over other axes than its "
+                       f"compressor exchanges over ({axes!r}: axis_name, then within): pass axis_name={axes!r}.")
+    workers = parallel.axis_size(self.exchange_axes)
     lays = {i: scatter.split(core.size_of(jnp.shape(g)), workers, align) for i, g in enumerate(p.leaves)}
     lays = {i: lay for i, lay in lays.items() if lay is not None}
     for i, lay in lays.items():
@@ -132,12 +145,13 @@ class Compress:
   def exchange_steps(self, x, key, inner):
     """Agree, encode, exchange, decode: the compressor's own exchange or the default one (messages)."""
     if self.compressor.custom_exchange:
-      out = self.compressor.exchange(x, key, self.axis_name, _from_masked(inner))
+      out = self.compressor.exchange(x, key, self.exchange_axes, _from_masked(inner))
       if not inspect.isgenerator(out):
         raise TypeError(f"{type(self.compressor).__name__}.exchange must be a generator that yields its "
                         "collectives as jaxcomp.core.Message s (the transport runs and counts them).")
       return (yield from out)
-    return (yield from allgather.exchange_steps(self.compressor, x, key, self.axis_name, inner, need_own=self.use_ef))
+    return (yield from allgather.exchange_steps(self.compressor, x, key, self.exchange_axes, inner,
+                                                need_own=self.use_ef))
 
   def two_phase_tensor(self, g, x, bad, residual, inner, shard, key, tracked_path):
     anywhere, tp = yield from agree_on_nonfinite(
@@ -201,15 +215,22 @@ class Compress:
 
   def float_tensor(self, g, residual, inner, shard, lay=None):
     """One tensor kept in float (``lay``: reduce-scattered, its mean's shard)."""
-    mean = yield from (send_float(g) if lay is None else scatter.float_steps(g, lay, self.axis_name))
+    mean = yield from (send_float(g) if lay is None else scatter.float_steps(g, lay, self.exchange_axes))
     return TensorResult(mean, residual, inner, shard, {})
 
   def scatter_tensor(self, g, x, bad, residual, inner, shard, key, tracked_path, lay):
-    """One compressed tensor reduce-scattered (:func:`jaxcomp.exchange.scatter.compressed_steps`): its mean's shard."""
-    steps = scatter.compressed_steps(self.compressor, x, key, self.axis_name, lay,
-                                     need_own=self.use_ef or tracked_path is not None)
+    """One compressed tensor reduce-scattered (:func:`jaxcomp.exchange.scatter.compressed_steps`; with
+    ``within``, in two hops: :func:`~jaxcomp.exchange.scatter.two_hop_steps`): its mean's shard."""
+    need_own = self.use_ef or tracked_path is not None
+    if self.within is None:
+      steps = scatter.compressed_steps(self.compressor, x, key, self.axis_name, lay, need_own=need_own)
+    else:
+      steps = scatter.two_hop_steps(self.compressor, x, key, lay, self.axis_name, self.within, _from_masked(shard),
+                                    need_own=need_own)
     anywhere, tp = yield from agree_on_nonfinite(bad[None], steps, self.agree)
     residual = carry_residual(x, tp.own, residual, bad) if self.use_ef else residual
+    if tp.shard_residual is not None:  # two hops: the re-encoding's error (a step with NaN anywhere keeps it)
+      shard = jnp.where(anywhere[0], shard, tp.shard_residual) if self.nonfinite == "propagate" else tp.shard_residual
     counts = count_two_phase_tensor(tp, g, bad, tracked_path)
     counts["two_phase_tensors"] = 0
     return TensorResult(self.policy_mean(tp.mean, anywhere[0]).astype(g.dtype), residual, inner, shard, counts)
@@ -256,7 +277,7 @@ class Compress:
 
   def topology(self, p: UpdatePlan):
     """The devices around a worker (:mod:`jaxcomp.exchange.hierarchy`): a host's (``within``), or none."""
-    if self.within is None:
+    if self.within is None or scatter.active() is not None:  # reduce-scattered: every device a worker
       return hierarchy.Flat()
     return hierarchy.Local(self.within, [jnp.shape(g) for g in p.leaves], self.compressor, p.skipped)
 
@@ -318,7 +339,7 @@ class Compress:
 
   def leaf_keys(self, step_key, compressed, topology):
     """``(rows, row)``: tensor ``i``'s key is ``rows[i][row[i]]``; a bucket draws alike from its first tensor's rows."""
-    return topology.leaf_keys(step_key, compressed, self.axis_name), {i: j for j, i in enumerate(compressed)}
+    return topology.leaf_keys(step_key, compressed, self.exchange_axes), {i: j for j, i in enumerate(compressed)}
 
   def tensor_steps(self, p: UpdatePlan, xs, bad, residuals, inners, shards, together, split, layouts, keys):
     """2. Every tensor's generator of messages; a bucket encoded at once is one, at its first tensor."""
@@ -348,7 +369,7 @@ class Compress:
     A bucket's results spread to its tensors; ``traffic`` is the bytes of the
     compressed tensors' messages and of the float tensors', as counted.
     """
-    results, traffic = buckets.run(steps, _sizes(p), self.bucket_bytes, self.axis_name)
+    results, traffic = buckets.run(steps, _sizes(p), self.bucket_bytes, self.exchange_axes)
     for ids in together:
       for i, result in zip(ids, results[ids[0]]):
         results[i] = result
@@ -361,15 +382,21 @@ class Compress:
     return results, (compressed, floats)
 
   def metrics(self, p: UpdatePlan, results, traffic) -> dict[str, Count]:
-    """3. The update's counters."""
+    """3. The update's counters (reduce-scattered with ``within``: its hops inside a host as ``local_bytes``)."""
+    local = None
+    if self.within is not None and p.scattered is not None:
+      (compressed, local), (floats, local_floats) = (t.apart(self.within) for t in traffic)
+      traffic, local = (compressed, floats), local + local_floats
     metrics = count_all(self.keys, results, p, *traffic)
+    if local is not None:
+      metrics["local_bytes"] = local.sent
     if "received_bytes" in metrics:
       # With a routed exchange, the counts that depend on the axis size (bytes received, which
       # route each tensor took, its bytes) are kept in their traced form: init's abstract trace
       # has one worker, and the state must keep one structure whatever the axis size.
       n_dependent = ["received_bytes", "bytes_on_wire", "compressed_bytes_on_wire", "encoded_bytes",
                      "two_phase_tensors"] + [f"two_phase:{path}" for path in p.tracked.values()]
-      n_dependent += ["float_bytes"] if p.scattered is not None else []  # the float chunks' padding
+      n_dependent += ["float_bytes", "local_bytes"] if p.scattered is not None else []  # the float chunks' padding
       for name in n_dependent:
         if name in metrics:  # reduce-scattered (jaxcomp.exchange.scatter), no two_phase:<path> is counted
           metrics[name] = metrics[name].traced()

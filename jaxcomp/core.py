@@ -421,6 +421,9 @@ class Message(NamedTuple):
   # The exact bytes of a variable-length encoding of ``tree`` (an int, integer array or Count), counted
   # as ``encoded_bytes`` instead of its arrays' size; None: the arrays are their own encoding.
   encoded: Optional[Any] = None
+  # The axes the collective runs over, part of the exchange's own: one hop of a hierarchical route
+  # (jaxcomp.exchange.scatter.two_hop_steps: within a host, then across hosts). None: the exchange's.
+  over: Optional[Any] = None
 
 
 MESSAGE_KINDS = ("gather", "max", "sum", "mean", "all_to_all")

@@ -53,7 +53,9 @@ def metrics(opt_state: Any) -> dict[str, Union[Count, jax.Array]]:
     bytes this device handed to the collectives inside its host (the float
     reduce-scatter and all-gathers); then every other counter is this
     device's, over its slices of the tensors, and ``bytes_on_wire`` counts
-    only what goes between hosts.
+    only what goes between hosts. In a sharded chain
+    (:func:`jaxcomp.shard_optimizer`), the first hop of the two-hop
+    reduce-scatter (:func:`jaxcomp.exchange.scatter.two_hop_steps`).
   * ``compression_ratio``: ``float32_bytes / bytes_on_wire``;
     ``compressed_ratio`` the same over compressed tensors only.
   * compressor-specific counters (e.g. overflow, fallbacks).

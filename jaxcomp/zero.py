@@ -31,6 +31,12 @@ whose keys and counters stay as they are. A tensor of fewer than
 ``num_workers · align`` values is not cut: it is averaged whole and its state
 stays whole on every worker (biases, norms: a small part of a model).
 
+On hosts of several devices the compressor takes ``axis_name="hosts",
+within="local"`` and :func:`shard_optimizer` both axes: every device is a
+worker of the layout, and the reduce-scatter runs in two hops, compressed
+inside the host and again between hosts
+(:func:`jaxcomp.exchange.scatter.two_hop_steps`, ZeRO++'s hierarchical qgZ).
+
 The chain must start with the compression transform
 (``jaxcomp.terngrad(...)``, ..., or ``jaxcomp.get_transform("none", ...)``
 for float). Transforms that act element by element (SGD with momentum,
@@ -46,7 +52,8 @@ References:
   Training Trillion Parameter Models*. SC 2020, §5.1 (P_os, P_os+g).
   Wang et al. *ZeRO++: Extremely Efficient Collective Communication for
   Giant Model Training*. arXiv:2306.10209, §3 (qgZ: the gradient
-  reduce-scatter compressed, as step 1 does with any jaxcomp compressor).
+  reduce-scatter compressed, as step 1 does with any jaxcomp compressor;
+  §3.3, its two hops).
 """
 
 from __future__ import annotations
@@ -104,7 +111,8 @@ def shard_optimizer(tx: optax.GradientTransformation, *, axis_name: parallel.Axi
 
   Args:
     tx: the chain, starting with a compression transform over ``axis_name``.
-    axis_name: the worker axis (as the compressor's).
+    axis_name: the worker axis (as the compressor's; with its ``within``, its
+      ``axis_name`` and ``within`` axes, in that order).
     num_workers: the workers the state is cut for (the axis' size).
     align: chunks hold a multiple of this many values (a compressor's whole
       bytes and buckets: :data:`jaxcomp.exchange.scatter.DEFAULT_ALIGN` serves

@@ -187,6 +187,11 @@ def test_zero_page_blocks_run(tmp_path):
   m = re.search(r"ZeRO-3: loss ([\d.]+), w stored as \((\d+), (\d+)\), whole \((\d+), (\d+)\), (\d+) bytes", out)
   assert m and float(m[1]) < 0.5 * np.log(10), out
   assert [int(v) for v in m.groups()[1:]] == [8, 80, 64, 10, 80 + 4], out
+  # Two hops (2 hosts of 4): a 4-bit chunk of w is 40 bytes of codes and 2 block scales (48); inside
+  # the host all 8 chunks, between hosts 2, and b whole (5 bytes, a scale) with the 2 flag bytes.
+  m = re.search(r"two hops: loss ([\d.]+), gradient bytes per device (\d+) within the host, (\d+) between", out)
+  assert m and float(m[1]) < 0.5 * np.log(10), out
+  assert (int(m[2]), int(m[3])) == (8 * 48, 2 * 48 + 9 + 2), out
 
 
 # Every page whose Python blocks a test runs: these tests, and compressors.md's (test_custom_compressor).

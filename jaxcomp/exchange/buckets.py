@@ -220,26 +220,26 @@ def _pipelined(steps: Sequence[Any], groups: Sequence[Sequence[int]], axis_name:
         out += [(c, i) for i in sorted(first) if first[i].kind == "max"]
     return out
 
-  workers = parallel.axis_size(axis_name)
   for b in range(len(groups)):
     pending = ahead.pop(b) if b in ahead else start(b)
     while pending:
       current, pending = pending, {}
-      rounds = {}
+      rounds = {}  # (kind, over): a hop over part of the axes (Message.over) is a collective of its own
       for i in sorted(current):
         if current[i].when is not None:  # a conditional round (a fallback) travels alone, inside its lax.cond
           advance(pending, i, transport.deliver(current[i], axis_name, traffic[i]))
         else:
-          rounds.setdefault(current[i].kind, []).append(i)
-      if "all_to_all" in rounds and "gather" in rounds:
+          rounds.setdefault((current[i].kind, current[i].over), []).append(i)
+      if ("all_to_all", None) in rounds and ("gather", None) in rounds:
         # A gather waits for the two-phase exchanges' gather of their shards, one round later, and
         # travels with it: one all-gather a bucket, not two (a tensor too small to split beside them).
-        pending.update((i, current[i]) for i in rounds.pop("gather"))
-      for kind, ids in rounds.items():
-        extra = [(c, i, ahead[c].pop(i)) for c, i in riders(kind, b)]
+        pending.update((i, current[i]) for i in rounds.pop(("gather", None)))
+      for (kind, over), ids in rounds.items():
+        axis = axis_name if over is None else over
+        extra = [(c, i, ahead[c].pop(i)) for c, i in riders(kind, b)] if over is None else []
         for i, message in [(i, current[i]) for i in ids] + [(i, m) for _, i, m in extra]:
-          traffic[i].add(message, workers, kind)  # as it travels: a rider's max goes with the gather
-        replies = deliver([current[i].tree for i in ids] + [m.tree for _, _, m in extra], kind, axis_name)
+          traffic[i].add(message, parallel.axis_size(axis), kind)  # as it travels: a rider's max goes with the gather
+        replies = deliver([current[i].tree for i in ids] + [m.tree for _, _, m in extra], kind, axis)
         for i, reply in zip(ids, replies):
           advance(pending, i, reply)
         for (c, i, _), reply in zip(extra, replies[len(ids):]):

@@ -142,3 +142,81 @@ def compressed_steps(compressor: core.Compressor, x: jax.Array, key: jax.Array, 
     metrics = two_phase._add(metrics, more)  # pylint: disable=protected-access
   own = None if sent.decoded_here is None else sent.decoded_here[:lay.n].reshape(x.shape)
   return two_phase.TwoPhaseResult(mean=shard, own=own, payload=sent.payload, shard_residual=None, metrics=metrics)
+
+
+def check_two_hops(compressor: core.Compressor) -> None:
+  """Refuses a compressor whose reduce-scatter cannot be done in two hops (:func:`two_hop_steps`)."""
+  if compressor.shard_compressor is not None or compressor.plain_compressor is not None:
+    raise ValueError(
+        f"jaxcomp.shard_optimizer: {type(compressor).__name__} with within= (two hops: re-encoded between "
+        "them) needs a compressor whose chunks reduce to their mean and whose payload has a fixed size; "
+        "signSGD's votes and 3LC's zero-run wire do not. Build it without within=.")
+
+
+def two_hop_steps(compressor: core.Compressor, x: jax.Array, key: jax.Array, lay: two_phase.Split,
+                  hosts: parallel.AxisName, local: parallel.AxisName, shard_residual: Optional[jax.Array], *,
+                  need_own: bool):
+  """A compressed tensor's reduce-scatter in two hops (messages), ZeRO++'s hierarchical qgZ.
+
+  The workers are the devices of ``H`` hosts (``hosts``) of ``L`` devices
+  each (``local``), numbered ``w = h·L + l``; the cut is the flat one
+  (:func:`split` over ``H·L``), so worker ``w`` gets chunk ``w`` as without
+  hops. Wang et al., *ZeRO++*, arXiv:2306.10209, §3.3 (hierarchical
+  all-to-all):
+
+  1. this worker's chunks are encoded as the flat reduce-scatter encodes
+     them (the same keys and agreement; error feedback on them is the
+     worker's residual, ``own``), and an ``"all_to_all"`` over ``local``
+     takes chunks ``h'·L + l'`` (every ``h'``) to device ``l'`` of the host;
+  2. each device decodes what arrived and averages it over its host:
+     ``H`` rows, the host's mean of chunks ``h'·L + l``;
+  3. it re-encodes those rows (plus its part of ``shard_residual``, the
+     full-size buffer of this re-encoding's error, zero outside its rows,
+     if given: error feedback as the two-phase exchange's phase 2 keeps it)
+     and an ``"all_to_all"`` over ``hosts`` takes row ``h'`` to host ``h'``:
+     each worker averages the ``H`` host means of its chunk.
+
+  Across hosts each device sends ``H`` encoded rows of ``c`` values: its
+  host sends one encoded copy of the tensor, not ``L``.
+
+  Returns a :class:`~jaxcomp.exchange.two_phase.TwoPhaseResult`: ``mean`` this
+  worker's chunk ``(lay.chunk,)``; ``shard_residual`` the new buffer (or ``None``).
+  """
+  n_hosts, n_local, c = parallel.axis_size(hosts), parallel.axis_size(local), lay.chunk
+  key1, key2 = jax.random.split(key)  # as the flat route: the first half for the workers' chunks
+  chunks = rows_of(x.astype(jnp.float32), lay)
+  sent, _ = yield from two_phase._phase1_encode(compressor, chunks, key1, None, need_own)  # pylint: disable=protected-access
+  by_device = jax.tree.map(lambda a: jnp.swapaxes(a.reshape((n_hosts, n_local) + a.shape[1:]), 0, 1), sent.payload)
+  encoded = two_phase._encoded(compressor, sent.payload, c)  # pylint: disable=protected-access
+  received = yield core.Message("all_to_all", by_device, encoded=encoded, over=local)  # (L sources, H rows, ...)
+  host_mean = jax.vmap(lambda r: two_phase.reduce_chunks(compressor, r, c), in_axes=1)(received)
+  index = parallel.axis_index(local) if n_local > 1 else 0
+  y = host_mean + (0.0 if shard_residual is None else _my_rows(shard_residual, lay, n_hosts, index))
+  agreed = jax.vmap(compressor.agree)(y)
+  if agreed is not None:
+    agreed = yield core.Message("max", agreed, over=hosts)
+  keys = jax.vmap(lambda h: jax.random.fold_in(key2, h))(jnp.arange(n_hosts))
+  payload, more = jax.vmap(compressor.encode_with_metrics)(y, keys, agreed)
+  encoded = two_phase._encoded(compressor, payload, c)  # pylint: disable=protected-access
+  arrived = yield core.Message("all_to_all", payload, encoded=encoded, over=hosts)  # (H sources, ...): its chunk
+  new_residual = None
+  if shard_residual is not None:
+    kept = y - jax.vmap(lambda p: compressor.decode(p, (c,)))(payload)
+    new_residual = _rows_placed(kept, lay, n_hosts, index, jnp.shape(shard_residual))
+  own = None if sent.decoded_here is None else sent.decoded_here[:lay.n].reshape(x.shape)
+  metrics = two_phase._add(sent.metrics, more)  # pylint: disable=protected-access
+  return two_phase.TwoPhaseResult(mean=two_phase.reduce_chunks(compressor, arrived, c).astype(jnp.float32),
+                                  own=own, payload=sent.payload, shard_residual=new_residual, metrics=metrics)
+
+
+def _my_rows(buffer: jax.Array, lay: two_phase.Split, n_hosts: int, index) -> jax.Array:
+  """Rows ``h·L + index`` (every ``h``) of a full-size buffer cut as ``lay``: ``(H, chunk)``."""
+  rows = rows_of(buffer.astype(jnp.float32), lay).reshape(n_hosts, -1, lay.chunk)
+  return jax.lax.dynamic_index_in_dim(rows, index, axis=1, keepdims=False)
+
+
+def _rows_placed(rows: jax.Array, lay: two_phase.Split, n_hosts: int, index, shape) -> jax.Array:
+  """The full-size buffer of ``shape`` holding ``rows`` at rows ``h·L + index``, zero elsewhere."""
+  grid = jnp.zeros((n_hosts, lay.workers // n_hosts, lay.chunk), jnp.float32)
+  grid = jax.lax.dynamic_update_index_in_dim(grid, rows, index, axis=1)
+  return grid.reshape(-1)[:lay.n].reshape(shape)

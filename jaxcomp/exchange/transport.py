@@ -55,14 +55,24 @@ def received(kind: str, nbytes: int, workers: int) -> int:
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class Traffic:
-  """The bytes one worker's exchange moved, counted message by message (exact :class:`~jaxcomp.count.Count` s)."""
+  """The bytes one worker's exchange moved, counted message by message (exact :class:`~jaxcomp.count.Count` s).
+
+  A message over part of the exchange's axes (a hop, ``Message.over``) is
+  counted in ``hops``, under those axes' names, and not in the totals:
+  :meth:`apart` tells a host's own hop from the rest.
+  """
 
   sent: Count = dataclasses.field(default_factory=Count)
   received: Count = dataclasses.field(default_factory=Count)
   encoded: Count = dataclasses.field(default_factory=Count)
+  hops: dict = dataclasses.field(default_factory=dict)  # axis names (a tuple) -> Traffic over those axes
 
   def add(self, message: core.Message, workers: int, kind: Optional[str] = None) -> None:
     """Counts ``message``, delivered as a collective of ``kind`` (its own by default) over ``workers``."""
+    if message.over is not None:
+      hop = self.hops.setdefault(parallel.axis_names(message.over), Traffic())
+      hop.add(message._replace(over=None), workers, kind)
+      return
     nbytes = core.tree_nbytes(message.tree)
     counts = (nbytes, received(kind or message.kind, nbytes, workers),
               nbytes if message.encoded is None else message.encoded)
@@ -72,7 +82,19 @@ class Traffic:
     self.encoded += encoded
 
   def __add__(self, other: "Traffic") -> "Traffic":
-    return Traffic(self.sent + other.sent, self.received + other.received, self.encoded + other.encoded)
+    hops = dict(self.hops)
+    for axes, hop in other.hops.items():
+      hops[axes] = hops[axes] + hop if axes in hops else hop
+    return Traffic(self.sent + other.sent, self.received + other.received, self.encoded + other.encoded, hops)
+
+  def apart(self, within: parallel.AxisName) -> tuple["Traffic", "Traffic"]:
+    """``(everything but the hop over within, that hop)``, each without hops."""
+    inside = self.hops.get(parallel.axis_names(within), Traffic())
+    outside = Traffic(self.sent, self.received, self.encoded)
+    for axes, hop in self.hops.items():
+      if axes != parallel.axis_names(within):
+        outside += hop
+    return outside, Traffic(inside.sent, inside.received, inside.encoded)
 
 
 def _reply_like(message: core.Message, axis_name: parallel.AxisName) -> Any:
@@ -97,8 +119,14 @@ def collective(kind: str, tree: Any, axis_name: parallel.AxisName) -> Any:
   raise ValueError(f"unknown message kind {kind!r}; expected one of {core.MESSAGE_KINDS}.")
 
 
+def axis_of(message: core.Message, axis_name: parallel.AxisName) -> parallel.AxisName:
+  """The axes ``message`` travels over: its own hop's (``Message.over``), or the exchange's ``axis_name``."""
+  return axis_name if message.over is None else message.over
+
+
 def deliver(message: core.Message, axis_name: parallel.AxisName, traffic: Optional[Traffic] = None) -> Any:
   """Runs one message's collective over ``axis_name`` (inside a ``lax.cond`` if it has ``when``), counted in ``traffic``."""
+  axis_name = axis_of(message, axis_name)
   if traffic is not None:
     traffic.add(message, parallel.axis_size(axis_name))
   run_it = lambda tree: collective(message.kind, tree, axis_name)
