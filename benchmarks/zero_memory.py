@@ -65,13 +65,13 @@ def next_token_loss(model):
 
 
 def worker_step(model, tx):
-  """One worker's step: its gradient, then ``tx`` (the exchange and the optimizer)."""
+  """One worker's step: its loss and gradient, then ``tx`` (the exchange and the optimizer); returns the loss too."""
   loss = next_token_loss(model)
 
   def step(params, opt_state, tokens):
-    grads = jax.grad(loss)(jaxcomp.parallel.vary(params, "workers"), tokens)
+    value, grads = jax.value_and_grad(loss)(jaxcomp.parallel.vary(params, "workers"), tokens)
     updates, opt_state = tx.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state
+    return optax.apply_updates(params, updates), opt_state, value
 
   return step
 
@@ -79,30 +79,48 @@ def worker_step(model, tx):
 LAYOUTS = ("replicated", "sharded", "params")
 
 
-def chain(compressor: str, devices: int, layout: str):
-  tx = optax.chain(jaxcomp.get_transform(compressor, axis_name="workers"), optax.adamw(1e-3, weight_decay=0.1))
+def chain(compressor: str, devices: int, layout: str, param_gather=None, **compressor_kwargs):
+  """``compressor`` (with ``compressor_kwargs``) then AdamW, in ``layout``; ``param_gather``: the
+  parameters' all-gather codec of the ``params`` layout (``None``: float)."""
+  tx = optax.chain(jaxcomp.get_transform(compressor, axis_name="workers", **compressor_kwargs),
+                   optax.adamw(1e-3, weight_decay=0.1))
   if layout == "replicated":
     return tx
-  return jaxcomp.shard_optimizer(tx, axis_name="workers", num_workers=devices, shard_params=layout == "params")
+  return jaxcomp.shard_optimizer(tx, axis_name="workers", num_workers=devices, shard_params=layout == "params",
+                                 param_gather=param_gather)
 
 
-def measure(model, params, devices: int, compressor: str, layout: str, batch: int) -> dict[str, Any]:
-  """One compiled step's figures, per device."""
+def compile_step(model, params, tx, devices: int, batch: int, label: str):
+  """The ``data_parallel`` step of ``tx`` over ``devices`` host devices, compiled for its abstract inputs.
+
+  Returns ``(step, compiled, own)``: the ``jaxcomp.data_parallel`` step, the compiled program (callable
+  on ``step.init``'s outputs and a batch laid out a row a worker) and the bytes a device holds of its own
+  inputs (parameters, optimizer state, batch).
+  """
   mesh = Mesh(np.array(jax.devices()[:devices]), ("workers",))
-  tx = chain(compressor, devices, layout)
   step = jaxcomp.data_parallel(worker_step(model, tx), tx, mesh=mesh)
   abstract_params, abstract_state = step.abstract(params)
   tokens = jax.ShapeDtypeStruct((devices, batch, model.context + 1), jnp.int32,
                                 sharding=NamedSharding(mesh, P("workers")))
-  print(f"[zero_memory] P={devices} {layout}: compiling",
-        file=sys.stderr, flush=True)
+  print(f"[zero_memory] {label}: compiling", file=sys.stderr, flush=True)
   compiled = step.lower(abstract_params, abstract_state, tokens).compile()
   own = {"params_bytes": train_memory.per_device_bytes(abstract_params),
          "opt_state_bytes": train_memory.per_device_bytes(abstract_state),
          "batch_bytes": train_memory.per_device_bytes(tokens)}
-  figures = train_memory.memory_figures(compiled)
-  return {"devices": devices, "state": layout, **own, **figures,
-          "working_bytes": figures["peak_bytes"] - sum(own.values())}
+  return step, compiled, own
+
+
+def figures(compiled, own: dict[str, int]) -> dict[str, int]:
+  """``own`` with XLA's figures (``train_memory.memory_figures``) and ``working_bytes``, the peak beyond ``own``."""
+  memory = train_memory.memory_figures(compiled)
+  return {**own, **memory, "working_bytes": memory["peak_bytes"] - sum(own.values())}
+
+
+def measure(model, params, devices: int, compressor: str, layout: str, batch: int) -> dict[str, Any]:
+  """One compiled step's figures, per device."""
+  _, compiled, own = compile_step(model, params, chain(compressor, devices, layout), devices, batch,
+                                  f"P={devices} {layout}")
+  return {"devices": devices, "state": layout, **figures(compiled, own)}
 
 
 def gradient_only(model, params, batch: int) -> dict[str, Any]:
