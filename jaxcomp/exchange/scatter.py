@@ -185,7 +185,9 @@ def two_hop_steps(compressor: core.Compressor, x: jax.Array, key: jax.Array, lay
   n_hosts, n_local, c = parallel.axis_size(hosts), parallel.axis_size(local), lay.chunk
   key1, key2 = jax.random.split(key)  # as the flat route: the first half for the workers' chunks
   chunks = rows_of(x.astype(jnp.float32), lay)
-  sent, _ = yield from two_phase._phase1_encode(compressor, chunks, key1, None, need_own)  # pylint: disable=protected-access
+  # The flat route's encoding of this worker's chunks (keys, agreement), its all-to-all aside.
+  sent, _ = yield from two_phase._phase1_encode(  # pylint: disable=protected-access
+      compressor, chunks, key1, None, need_own)
   by_device = jax.tree.map(lambda a: jnp.swapaxes(a.reshape((n_hosts, n_local) + a.shape[1:]), 0, 1), sent.payload)
   encoded = two_phase._encoded(compressor, sent.payload, c)  # pylint: disable=protected-access
   received = yield core.Message("all_to_all", by_device, encoded=encoded, over=local)  # (L sources, H rows, ...)
