@@ -72,6 +72,14 @@ class Compress:
     return self.axis_name
 
   @property
+  def replicated_over_hosts(self) -> bool:
+    """Reduce-scattered over ``within`` alone (hybrid sharding: :func:`jaxcomp.shard_optimizer`'s ``within``):
+    every host keeps a whole copy, cut over its devices."""
+    context = scatter.active()
+    return (self.within is not None and context is not None and context.axis_name is not None
+            and parallel.axis_names(context.axis_name) == parallel.axis_names(self.within))
+
+  @property
   def routed(self) -> bool:
     """Whether a tensor may take the two-phase exchange (``exchange`` other than ``"all_gather"``)."""
     return self.compressor is not None and self.exchange != "all_gather"
@@ -121,10 +129,12 @@ class Compress:
     if self.within is not None and self.compressor is not None:
       scatter.check_two_hops(self.compressor)
     axes, align = parallel.axis_names(self.exchange_axes), context.align
-    if context.axis_name is not None and parallel.axis_names(context.axis_name) != axes:
+    cut_over = None if context.axis_name is None else parallel.axis_names(context.axis_name)
+    if cut_over is not None and cut_over != axes and not self.replicated_over_hosts:
       raise ValueError(f"jaxcomp.shard_optimizer(axis_name={context.axis_name!r}) cuts over other axes than its "
-                       f"compressor exchanges over ({axes!r}: axis_name, then within): pass axis_name={axes!r}.")
-    workers = parallel.axis_size(self.exchange_axes)
+                       f"compressor exchanges over ({axes!r}: axis_name, then within): pass axis_name={axes!r} "
+                       f"(or within={self.within!r} to cut over a host's devices only).")
+    workers = parallel.axis_size(self.within if self.replicated_over_hosts else self.exchange_axes)
     lays = {i: scatter.split(core.size_of(jnp.shape(g)), workers, align) for i, g in enumerate(p.leaves)}
     lays = {i: lay for i, lay in lays.items() if lay is not None}
     for i, lay in lays.items():
@@ -215,7 +225,12 @@ class Compress:
 
   def float_tensor(self, g, residual, inner, shard, lay=None):
     """One tensor kept in float (``lay``: reduce-scattered, its mean's shard)."""
-    mean = yield from (send_float(g) if lay is None else scatter.float_steps(g, lay, self.exchange_axes))
+    if lay is None:
+      mean = yield from send_float(g)
+    elif self.replicated_over_hosts:
+      mean = yield from scatter.float_steps(g, lay, self.exchange_axes, self.axis_name, self.within)
+    else:
+      mean = yield from scatter.float_steps(g, lay, self.exchange_axes)
     return TensorResult(mean, residual, inner, shard, {})
 
   def scatter_tensor(self, g, x, bad, residual, inner, shard, key, tracked_path, lay):
@@ -226,7 +241,7 @@ class Compress:
       steps = scatter.compressed_steps(self.compressor, x, key, self.axis_name, lay, need_own=need_own)
     else:
       steps = scatter.two_hop_steps(self.compressor, x, key, lay, self.axis_name, self.within, _from_masked(shard),
-                                    need_own=need_own)
+                                    need_own=need_own, replicated=self.replicated_over_hosts)
     anywhere, tp = yield from agree_on_nonfinite(bad[None], steps, self.agree)
     residual = carry_residual(x, tp.own, residual, bad) if self.use_ef else residual
     if tp.shard_residual is not None:  # two hops: the re-encoding's error (a step with NaN anywhere keeps it)

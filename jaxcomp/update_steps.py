@@ -230,7 +230,8 @@ def agree_on_nonfinite(bad: jax.Array, steps: Any, agree: bool):
   agreed = None
   message, result = transport.advance(steps, None)
   while message is not None:
-    if agreed is None and message.kind == "gather" and message.when is None:  # not a round that may not run
+    # Not a round that may not run, nor a hop over part of the workers (Message.over).
+    if agreed is None and message.kind == "gather" and message.when is None and message.over is None:
       encoded = None if message.encoded is None else Count(flags.nbytes) + Count.of(message.encoded)
       gathered, reply = yield core.Message("gather", (flags, message.tree), encoded=encoded)
       agreed = parallel.max_leading(gathered)

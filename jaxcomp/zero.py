@@ -36,6 +36,9 @@ within="local"`` and :func:`shard_optimizer` both axes: every device is a
 worker of the layout, and the reduce-scatter runs in two hops, compressed
 inside the host and again between hosts
 (:func:`jaxcomp.exchange.scatter.two_hop_steps`, ZeRO++'s hierarchical qgZ).
+With ``within=`` on :func:`shard_optimizer` too, the state (and the
+parameters) is cut over a host's devices only and every host keeps a whole
+copy, updated alike: only the compressed gradient crosses hosts.
 
 The chain must start with the compression transform
 (``jaxcomp.terngrad(...)``, ..., or ``jaxcomp.get_transform("none", ...)``
@@ -106,7 +109,8 @@ class GatherState(NamedTuple):
 def shard_optimizer(tx: optax.GradientTransformation, *, axis_name: parallel.AxisName, num_workers: int,
                     align: int = scatter.DEFAULT_ALIGN, bucket_bytes: int = buckets.DEFAULT_BUCKET_BYTES,
                     gather: Optional[core.Compressor] = None, seed: int = 0, shard_params: bool = False,
-                    param_gather: Optional[core.Compressor] = None):
+                    param_gather: Optional[core.Compressor] = None, within: parallel.AxisName = None,
+                    host_devices: Optional[int] = None):
   """``tx`` with its state sharded over the workers (see the module docstring), and its parameters if asked.
 
   Args:
@@ -136,6 +140,12 @@ def shard_optimizer(tx: optax.GradientTransformation, *, axis_name: parallel.Axi
       parameters' all-gather (qwZ: ``jaxcomp.Int8()`` or a block quantizer);
       ``None``: float, and the step is the replicated one. Each worker's own
       chunk stays exact: no error feedback is needed.
+    within: cut the state (and the parameters) over a host's devices only,
+      the last axes of ``axis_name`` (``host_devices`` of them): every host
+      keeps a whole copy, cut over its devices, and updates it alike, so that
+      only the compressor's exchange crosses hosts (hybrid sharding, ZeRO++'s
+      hpZ carried to the whole step). The compressor takes ``within`` too.
+    host_devices: the size of ``within``.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` whose updates are whole
@@ -146,6 +156,7 @@ def shard_optimizer(tx: optax.GradientTransformation, *, axis_name: parallel.Axi
   """
   if not isinstance(num_workers, int) or num_workers < 1:
     raise ValueError(f"num_workers must be a positive int; got {num_workers!r}.")
+  _check_within(axis_name, num_workers, within, host_devices)
   scatter.split(0, 1, align)  # validates align
   buckets.check_bucket_bytes(bucket_bytes)
   for name, codec in (("gather", gather), ("param_gather", param_gather)):
@@ -154,11 +165,27 @@ def shard_optimizer(tx: optax.GradientTransformation, *, axis_name: parallel.Axi
     raise ValueError(f"jaxcomp.shard_optimizer(param_gather={type(param_gather).__name__}(...)) takes "
                      "shard_params=True and a deterministic codec (int8, a block quantizer): the master chunks are "
                      "encoded afresh every step, so a stochastic one would need a key of its own.")
-  sharding = _Sharding(tx, axis_name, num_workers, align, bucket_bytes, gather, seed, shard_params, param_gather)
+  sharding = _Sharding(tx, axis_name, num_workers, align, bucket_bytes, gather, seed, shard_params, param_gather,
+                       within, host_devices or 0)
   if shard_params:
     return ShardedTransformation(sharding.init, sharding.update, sharding.shard_params, sharding.gather_params,
                                  sharding.keep_shard, sharding.unshard)
   return optax.GradientTransformationExtraArgs(sharding.init, sharding.update)
+
+
+def _check_within(axis_name: parallel.AxisName, num_workers: int, within: parallel.AxisName,
+                  host_devices: Optional[int]) -> None:
+  """Refuses a ``within`` that is not the last axes of ``axis_name``, or a ``host_devices`` that does not fit it."""
+  if within is None and host_devices is None:
+    return
+  names, inner = parallel.axis_names(axis_name), parallel.axis_names(within)
+  if not inner or names[-len(inner):] != inner or len(inner) == len(names):
+    raise ValueError(f"jaxcomp.shard_optimizer(within={within!r}) cuts over a host's devices: the last axes of "
+                     f"axis_name={axis_name!r}, not all of them (e.g. axis_name=('hosts', 'local'), within='local').")
+  fits = isinstance(host_devices, int) and not isinstance(host_devices, bool) and host_devices >= 1
+  if not fits or num_workers % host_devices:
+    raise ValueError(f"jaxcomp.shard_optimizer(within={within!r}) takes host_devices=, the size of {within!r} "
+                     f"(a divisor of num_workers={num_workers}); got {host_devices!r}.")
 
 
 def shards_params(tx: Any) -> bool:
@@ -202,6 +229,18 @@ class _Sharding(NamedTuple):
   seed: int
   stage3: bool = False  # shard_params=True
   param_gather: Optional[core.Compressor] = None
+  within: parallel.AxisName = None  # cut over a host's devices only (hybrid), each host a whole copy
+  host_devices: int = 0  # the size of within
+
+  @property
+  def cut_workers(self) -> int:
+    """How many chunks a tensor is cut into: a host's devices (``within``), or every worker."""
+    return self.host_devices if self.within is not None else self.num_workers
+
+  @property
+  def cut_axis(self) -> parallel.AxisName:
+    """The axes the chunks are cut over, and the parameters' and updates' all-gathers run over."""
+    return self.within if self.within is not None else self.axis_name
 
   def lays(self, tree: Any, workers: int) -> list[Optional[two_phase.Split]]:
     """Each leaf's cut over ``workers`` (float leaves only: others pass the compressor untouched)."""
@@ -224,7 +263,8 @@ class _Sharding(NamedTuple):
                        f"beyond its size); it cannot be sharded. ({str(e).splitlines()[0]})") from None
     local = jax.tree.map(lambda a, c: a if c else optax.MaskedNode(), rows, cut)
     zero = Count.of(jnp.zeros((self.num_workers,), jnp.uint32))
-    keys = GATHER_METRICS + (("gather_received",) if self.stage3 else ())
+    keys = (("gather_bytes", "local_bytes") if self.within is not None else GATHER_METRICS) + (
+        ("gather_received",) if self.stage3 else ())
     return ShardedOptimizerState(replicated, core.ShardLocal(local, {k: zero for k in keys}),
                                  self.init_gather(params))
 
@@ -234,7 +274,7 @@ class _Sharding(NamedTuple):
       return None
     leaves, treedef = jax.tree.flatten(params)
     residual = [optax.MaskedNode() if lay is None else jnp.zeros((self.num_workers, lay.chunk), jnp.float32)
-                for lay in self.lays(params, self.num_workers)]
+                for lay in self.lays(params, self.cut_workers)]
     return GatherState(jax.random.PRNGKey(self.seed), core.ShardLocal(treedef.unflatten(residual), {}))
 
   def cut(self, params: Any, rows: Any) -> Any:
@@ -247,7 +287,7 @@ class _Sharding(NamedTuple):
     same on every worker and stays replicated.
     """
     leaves, treedef = jax.tree.flatten(params)
-    lays = self.lays(params, self.num_workers)
+    lays = self.lays(params, self.cut_workers)
     longer = treedef.unflatten([
         jax.ShapeDtypeStruct(jnp.shape(a) if lay is None else (lay.chunk + 1,), jnp.result_type(a))
         for a, lay in zip(leaves, lays)])
@@ -255,11 +295,14 @@ class _Sharding(NamedTuple):
     return jax.tree.map(lambda a, b: jnp.shape(a)[1:] != b.shape, rows, longer)
 
   def rows(self, params: Any) -> Any:
-    """Every worker's shard of ``params``, stacked: ``(num_workers, chunk)`` a cut leaf, a copy each of a whole one."""
+    """Every worker's shard of ``params``, stacked: ``(num_workers, chunk)`` a cut leaf, a copy each of a whole one
+    (cut over a host's devices, ``within``: the host's rows, once for each host)."""
     leaves, treedef = jax.tree.flatten(params)
+    hosts = self.num_workers // self.cut_workers
     return treedef.unflatten([
-        scatter.rows_of(a, lay) if lay is not None else jnp.broadcast_to(a, (self.num_workers,) + jnp.shape(a))
-        for a, lay in zip(leaves, self.lays(params, self.num_workers))])
+        jnp.tile(scatter.rows_of(a, lay), (hosts, 1)) if lay is not None
+        else jnp.broadcast_to(a, (self.num_workers,) + jnp.shape(a))
+        for a, lay in zip(leaves, self.lays(params, self.cut_workers))])
 
   # -- update --------------------------------------------------------------------------------------
 
@@ -267,7 +310,7 @@ class _Sharding(NamedTuple):
     workers, index = self.worker()
     lays = self.lays(updates, workers)
     chain_state = _merged(state.replicated, state.local.residual)
-    with scatter.scattering(self.align, axis_name=self.axis_name, lays=lays, traffic=transport.Traffic()) as context:
+    with scatter.scattering(self.align, axis_name=self.cut_axis, lays=lays, traffic=transport.Traffic()) as context:
       shards, chain_state = self.tx.update(updates, chain_state, _shards(params, lays, index), **extra_args)
     if self.stage3:  # the parameters were gathered (gather_params): each worker keeps its chunk's update
       whole, gather = self.placed(shards, lays, updates, index), state.gather
@@ -275,17 +318,25 @@ class _Sharding(NamedTuple):
     else:
       whole, traffic, gather = self.gathered(shards, lays, updates, state.gather, index)
       sent, received = traffic.sent, traffic.received
-    metrics = {"gather_bytes": sent, "bytes_on_wire": sent + context.traffic.sent,
-               "received_bytes": received + context.traffic.received}
+    if self.within is not None:  # every collective of the wrapper stays inside the host
+      metrics = {"gather_bytes": sent, "local_bytes": sent + context.traffic.sent}
+    else:
+      metrics = {"gather_bytes": sent, "bytes_on_wire": sent + context.traffic.sent,
+                 "received_bytes": received + context.traffic.received}
     return whole, self.new_state(state, chain_state, metrics, gather)
 
   def worker(self) -> tuple[int, Any]:
-    """Inside a step: the size of the worker axis (checked against ``num_workers``) and this worker's index."""
+    """Inside a step: how many chunks a tensor is cut into (the worker axis checked against ``num_workers``,
+    ``within`` against ``host_devices``) and which is this worker's."""
     workers = parallel.axis_size(self.axis_name)
     if workers != self.num_workers:
       raise ValueError(f"jaxcomp.shard_optimizer(num_workers={self.num_workers}) runs over {workers} workers "
                        f"of {self.axis_name!r}: its state is cut for {self.num_workers}.")
-    return workers, parallel.axis_index(self.axis_name) if workers > 1 else 0
+    cut = parallel.axis_size(self.cut_axis)
+    if cut != self.cut_workers:
+      raise ValueError(f"jaxcomp.shard_optimizer(host_devices={self.host_devices}) runs over {cut} devices "
+                       f"of {self.within!r}: its state is cut for {self.host_devices}.")
+    return cut, parallel.axis_index(self.cut_axis) if cut > 1 else 0
 
   def placed(self, shards: Any, lays: list, like: Any, index: Any) -> Any:
     """The updates whole-shaped, each cut tensor's zero outside this worker's chunk (nothing exchanged)."""
@@ -304,7 +355,7 @@ class _Sharding(NamedTuple):
 
   def shard_params(self, params: Any) -> zero_params.ShardedParams:
     """Every worker's chunks of ``params`` (outside a step: at init, or from whole parameters restored)."""
-    return zero_params.shard(params, self.lays(params, self.num_workers))
+    return zero_params.shard(params, self.lays(params, self.cut_workers), self.num_workers // self.cut_workers)
 
   def cut_lays(self, sharded: zero_params.ShardedParams, workers: int) -> list:
     """:meth:`lays` of the whole parameters ``sharded`` holds (a cut tensor by its shape and dtype)."""
@@ -314,7 +365,7 @@ class _Sharding(NamedTuple):
 
   def unshard(self, sharded: zero_params.ShardedParams) -> Any:
     """The whole parameters from every worker's rows (outside a step: no exchange)."""
-    return zero_params.unshard(sharded, self.cut_lays(sharded, self.num_workers))
+    return zero_params.unshard(sharded, self.cut_lays(sharded, self.cut_workers))
 
   def keep_shard(self, params: Any) -> zero_params.ShardedParams:
     """Inside a step: this worker's chunks of the new whole ``params``."""
@@ -332,7 +383,7 @@ class _Sharding(NamedTuple):
     steps = [p if lay is None else zero_params.gather_steps(c, p, lay, self.param_gather, key, index)
              for p, c, lay in zip(places, chunks, lays)]
     sizes = [4 * core.size_of(jnp.shape(p)) for p in places]
-    results, traffic = buckets.run(steps, sizes, self.bucket_bytes, self.axis_name)
+    results, traffic = buckets.run(steps, sizes, self.bucket_bytes, self.cut_axis)
     total = sum(traffic, transport.Traffic())
     metrics = {**state.local.metrics, "gather_bytes": total.sent.traced(), "gather_received": total.received.traced()}
     return treedef.unflatten(results), state._replace(local=state.local._replace(metrics=metrics))
@@ -360,7 +411,7 @@ class _Sharding(NamedTuple):
       keys = [jax.random.fold_in(jax.random.fold_in(step_key, i), index) for i in range(len(leaves))]
       steps = [u if lay is None else _encoded_gather_steps(self.gather, u, r, k, lay, shape)
                for u, r, k, lay, shape in zip(leaves, residuals, keys, lays, shapes)]
-    results, traffic = buckets.run(steps, [4 * core.size_of(s) for s in shapes], self.bucket_bytes, self.axis_name)
+    results, traffic = buckets.run(steps, [4 * core.size_of(s) for s in shapes], self.bucket_bytes, self.cut_axis)
     total = transport.Traffic()
     for t in traffic:
       total += t

@@ -87,9 +87,10 @@ def positions(sharded: ShardedParams) -> tuple[list, Any, list]:
   return places, treedef, treedef.flatten_up_to(sharded.local.residual)
 
 
-def shard(params: Any, lays: list[Optional[two_phase.Split]]) -> ShardedParams:
-  """Every worker's chunks of ``params`` (rows ``(workers, chunk)``), the small tensors whole."""
-  return _split(params, lays, scatter.rows_of)
+def shard(params: Any, lays: list[Optional[two_phase.Split]], copies: int = 1) -> ShardedParams:
+  """Every worker's chunks of ``params`` (rows ``(workers, chunk)``, ``copies`` times over: one copy a host
+  when cut over a host's devices), the small tensors whole."""
+  return _split(params, lays, lambda a, lay: jnp.tile(scatter.rows_of(a, lay), (copies, 1)))
 
 
 def own(params: Any, lays: list[Optional[two_phase.Split]], index: Any) -> ShardedParams:

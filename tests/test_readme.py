@@ -192,6 +192,11 @@ def test_zero_page_blocks_run(tmp_path):
   m = re.search(r"two hops: loss ([\d.]+), gradient bytes per device (\d+) within the host, (\d+) between", out)
   assert m and float(m[1]) < 0.5 * np.log(10), out
   assert (int(m[2]), int(m[3])) == (8 * 48, 2 * 48 + 9 + 2), out
+  # One copy a host, cut over its 4 devices: w's chunk is 160 values (80 bytes and 4 block scales), all
+  # 4 inside the host with the weights' float32 gather (4 x 160), and between hosts this device's one.
+  m = re.search(r"one copy a host: loss ([\d.]+), (\d+) bytes between hosts per device, (\d+) within", out)
+  assert m and float(m[1]) < 0.5 * np.log(10), out
+  assert (int(m[2]), int(m[3])) == (96 + 9 + 2, 4 * 96 + 4 * 160), out
 
 
 # Every page whose Python blocks a test runs: these tests, and compressors.md's (test_custom_compressor).

@@ -122,10 +122,19 @@ def check_compressor(compressor: core.Compressor, lay: two_phase.Split, align: i
         f"multiple of {need} values (whole bytes, whole buckets); pass align= a multiple of {need}.")
 
 
-def float_steps(g: jax.Array, lay: two_phase.Split, axis_name: parallel.AxisName):
-  """A float tensor's reduce-scatter (messages): this worker's chunk of the mean, in ``g``'s dtype."""
-  received = yield core.Message("all_to_all", rows_of(g, lay))
-  return core.sum_leading(received).astype(g.dtype) / lay.workers  # as jaxcomp.parallel.pmean over vmap
+def float_steps(g: jax.Array, lay: two_phase.Split, axis_name: parallel.AxisName,
+                hosts: parallel.AxisName = None, local: parallel.AxisName = None):
+  """A float tensor's reduce-scatter (messages): this worker's chunk of the mean, in ``g``'s dtype.
+
+  With ``hosts`` and ``local`` the cut is over ``local`` (hybrid sharding):
+  the host's mean of the chunk, then its mean over ``hosts``.
+  """
+  del axis_name  # the exchange's (the messages' default)
+  received = yield core.Message("all_to_all", rows_of(g, lay), over=local)
+  shard = core.sum_leading(received).astype(g.dtype) / lay.workers  # as jaxcomp.parallel.pmean over vmap
+  if hosts is not None:
+    shard = yield core.Message("mean", shard, over=hosts)
+  return shard
 
 
 def compressed_steps(compressor: core.Compressor, x: jax.Array, key: jax.Array, axis_name: parallel.AxisName,
@@ -155,7 +164,7 @@ def check_two_hops(compressor: core.Compressor) -> None:
 
 def two_hop_steps(compressor: core.Compressor, x: jax.Array, key: jax.Array, lay: two_phase.Split,
                   hosts: parallel.AxisName, local: parallel.AxisName, shard_residual: Optional[jax.Array], *,
-                  need_own: bool):
+                  need_own: bool, replicated: bool = False):
   """A compressed tensor's reduce-scatter in two hops (messages), ZeRO++'s hierarchical qgZ.
 
   The workers are the devices of ``H`` hosts (``hosts``) of ``L`` devices
@@ -179,32 +188,40 @@ def two_hop_steps(compressor: core.Compressor, x: jax.Array, key: jax.Array, lay
   Across hosts each device sends ``H`` encoded rows of ``c`` values: its
   host sends one encoded copy of the tensor, not ``L``.
 
+  ``replicated``: the cut is over ``local`` only (``L`` chunks, every host a
+  whole copy: hybrid sharding). Step 2 gives one row, the host's mean of
+  chunk ``l``, and step 3 all-gathers it over ``hosts`` instead: every
+  host's device ``l`` averages the same ``H`` payloads to the same chunk.
+
   Returns a :class:`~jaxcomp.exchange.two_phase.TwoPhaseResult`: ``mean`` this
   worker's chunk ``(lay.chunk,)``; ``shard_residual`` the new buffer (or ``None``).
   """
-  n_hosts, n_local, c = parallel.axis_size(hosts), parallel.axis_size(local), lay.chunk
+  rows, n_local, c = 1 if replicated else parallel.axis_size(hosts), parallel.axis_size(local), lay.chunk
   key1, key2 = jax.random.split(key)  # as the flat route: the first half for the workers' chunks
   chunks = rows_of(x.astype(jnp.float32), lay)
   # The flat route's encoding of this worker's chunks (keys, agreement), its all-to-all aside.
   sent, _ = yield from two_phase._phase1_encode(  # pylint: disable=protected-access
       compressor, chunks, key1, None, need_own)
-  by_device = jax.tree.map(lambda a: jnp.swapaxes(a.reshape((n_hosts, n_local) + a.shape[1:]), 0, 1), sent.payload)
+  by_device = jax.tree.map(lambda a: jnp.swapaxes(a.reshape((rows, n_local) + a.shape[1:]), 0, 1), sent.payload)
   encoded = two_phase._encoded(compressor, sent.payload, c)  # pylint: disable=protected-access
-  received = yield core.Message("all_to_all", by_device, encoded=encoded, over=local)  # (L sources, H rows, ...)
+  received = yield core.Message("all_to_all", by_device, encoded=encoded, over=local)  # (L sources, rows, ...)
   host_mean = jax.vmap(lambda r: two_phase.reduce_chunks(compressor, r, c), in_axes=1)(received)
   index = parallel.axis_index(local) if n_local > 1 else 0
-  y = host_mean + (0.0 if shard_residual is None else _my_rows(shard_residual, lay, n_hosts, index))
+  y = host_mean + (0.0 if shard_residual is None else _my_rows(shard_residual, lay, rows, index))
   agreed = jax.vmap(compressor.agree)(y)
   if agreed is not None:
     agreed = yield core.Message("max", agreed, over=hosts)
-  keys = jax.vmap(lambda h: jax.random.fold_in(key2, h))(jnp.arange(n_hosts))
+  keys = jax.vmap(lambda h: jax.random.fold_in(key2, h))(jnp.arange(rows))
   payload, more = jax.vmap(compressor.encode_with_metrics)(y, keys, agreed)
   encoded = two_phase._encoded(compressor, payload, c)  # pylint: disable=protected-access
-  arrived = yield core.Message("all_to_all", payload, encoded=encoded, over=hosts)  # (H sources, ...): its chunk
+  if replicated:  # (H sources, ...): every host's mean of chunk l
+    arrived = yield core.Message("gather", jax.tree.map(lambda a: a[0], payload), encoded=encoded, over=hosts)
+  else:  # (H sources, ...): the host means of this worker's chunk
+    arrived = yield core.Message("all_to_all", payload, encoded=encoded, over=hosts)
   new_residual = None
   if shard_residual is not None:
     kept = y - jax.vmap(lambda p: compressor.decode(p, (c,)))(payload)
-    new_residual = _rows_placed(kept, lay, n_hosts, index, jnp.shape(shard_residual))
+    new_residual = _rows_placed(kept, lay, rows, index, jnp.shape(shard_residual))
   own = None if sent.decoded_here is None else sent.decoded_here[:lay.n].reshape(x.shape)
   metrics = two_phase._add(sent.metrics, more)  # pylint: disable=protected-access
   return two_phase.TwoPhaseResult(mean=two_phase.reduce_chunks(compressor, arrived, c).astype(jnp.float32),
