@@ -237,7 +237,7 @@ class _ProgressReport:
     last_step, last_t = self.last
     if step == last_step or (t - last_t <= self.EVERY_SECS and step != self.num_train_steps):
       return
-    steps_per_sec = (step - last_step) / (t - last_t)
+    steps_per_sec = (step - last_step) / max(t - last_t, 1e-9)
     eta_min = int((self.num_train_steps - step) / steps_per_sec / 60)
     logging.info("%.1f steps/s, %.1f%% (%d/%d), ETA: %dm", steps_per_sec,
                  100 * step / self.num_train_steps, step, self.num_train_steps, eta_min)
@@ -250,13 +250,18 @@ class _Trace:
   """A profiler trace (``jax.profiler``, into ``logdir``) from after step ``bounds[0]`` to after ``bounds[1]``."""
 
   def __init__(self, logdir: str, bounds: tuple[int, int]):
-    self.logdir, self.bounds = logdir, bounds
+    self.logdir, self.bounds, self.running = logdir, bounds, False
 
   def __call__(self, step: int) -> None:
     if step == self.bounds[0]:
-      jax.profiler.start_trace(self.logdir)
-    elif step == self.bounds[1]:
+      try:
+        jax.profiler.start_trace(self.logdir)
+        self.running = True
+      except RuntimeError as e:  # another trace is running in this process: the run goes on without
+        logging.exception("could not start the profiler trace: %s", e)
+    elif step == self.bounds[1] and self.running:
       jax.profiler.stop_trace()
+      self.running = False
 
 
 def _periodic_actions(run: Run, first_step: int, last_step: int,
