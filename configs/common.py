@@ -232,7 +232,7 @@ def base_config() -> ml_collections.ConfigDict:
   # one is tried; when none is left the run stops, or with True starts again from step 0.
   c.start_afresh_if_unreadable = False
   c.profile_steps = 0  # > 0: time this many extra steps at the end, split into compute and exchange
-  # > 1: trace this training step with the JAX profiler (clu.periodic_actions.Profile) into
+  # > 1: trace this training step with the JAX profiler (jax.profiler.start_trace) into
   # workdir/plugins/profile, for TensorBoard's Profile tab; 0: no trace.
   c.trace_step = 0
   c.progress = True  # a progress bar on stderr

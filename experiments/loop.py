@@ -8,7 +8,6 @@ import time
 from typing import Any, Callable, NamedTuple, Optional
 
 from absl import logging
-from clu import periodic_actions
 import jax
 import numpy as np
 
@@ -214,25 +213,74 @@ class _Log:
     self.summary.close()
 
 
-def _periodic_actions(run: Run, first_step: int, last_step: int,
-                      writer) -> tuple[list[Any], tuple[int, ...]]:
-  """clu's progress reports (steps/s, ETA) and, from process 0, the trace of ``config.trace_step``.
+class _ProgressReport:
+  """Every minute and after the last step: steps/s, the share done and the ETA in the log,
+  ``steps_per_sec`` and ``uptime`` to TensorBoard.
 
-  clu's ``Profile`` starts its trace after the step before ``trace_step`` and
-  stops it after ``trace_step``: it is taken when this invocation runs both.
+  Args:
+    num_train_steps: the run's last step.
+    writer: where the two scalars go (:func:`experiments.writers.metric_writer`).
+  """
+
+  EVERY_SECS = 60.0
+
+  def __init__(self, num_train_steps: int, writer: writers.ScalarWriter):
+    self.num_train_steps, self.writer = num_train_steps, writer
+    self.t0 = time.monotonic()
+    self.last: Optional[tuple[int, float]] = None  # (step, time) of the last report or first call
+
+  def __call__(self, step: int) -> None:
+    t = time.monotonic()
+    if self.last is None:
+      self.last = (step, t)
+      return
+    last_step, last_t = self.last
+    if step == last_step or (t - last_t <= self.EVERY_SECS and step != self.num_train_steps):
+      return
+    steps_per_sec = (step - last_step) / max(t - last_t, 1e-9)
+    eta_min = int((self.num_train_steps - step) / steps_per_sec / 60)
+    logging.info("%.1f steps/s, %.1f%% (%d/%d), ETA: %dm", steps_per_sec,
+                 100 * step / self.num_train_steps, step, self.num_train_steps, eta_min)
+    self.writer.write_scalars(step, {"steps_per_sec": steps_per_sec})
+    self.writer.write_scalars(step, {"uptime": t - self.t0})
+    self.last = (step, t)
+
+
+class _Trace:
+  """A profiler trace (``jax.profiler``, into ``logdir``) from after step ``bounds[0]`` to after ``bounds[1]``."""
+
+  def __init__(self, logdir: str, bounds: tuple[int, int]):
+    self.logdir, self.bounds, self.running = logdir, bounds, False
+
+  def __call__(self, step: int) -> None:
+    if step == self.bounds[0]:
+      try:
+        jax.profiler.start_trace(self.logdir)
+        self.running = True
+      except RuntimeError as e:  # another trace is running in this process: the run goes on without
+        logging.exception("could not start the profiler trace: %s", e)
+    elif step == self.bounds[1] and self.running:
+      jax.profiler.stop_trace()
+      self.running = False
+
+
+def _periodic_actions(run: Run, first_step: int, last_step: int,
+                      writer: writers.ScalarWriter) -> tuple[list[Any], tuple[int, ...]]:
+  """The progress report and, from process 0, the trace of ``config.trace_step``.
+
+  The trace starts after the step before ``trace_step`` and stops after
+  ``trace_step``: it is taken when this invocation runs both.
 
   Returns:
     The actions to call after every step, and the steps that bound the trace
     (empty without one).
   """
   c = run.config
-  actions = [periodic_actions.ReportProgress(num_train_steps=c.num_train_steps, writer=writer)]
+  actions: list[Any] = [_ProgressReport(c.num_train_steps, writer)]
   bounds = (c.trace_step - 1, c.trace_step)
   if not (is_writer() and first_step < bounds[0] and bounds[1] <= last_step):
     return actions, ()
-  actions.append(periodic_actions.Profile(logdir=run.workdir, num_profile_steps=1,
-                                          profile_duration_ms=None, first_profile=bounds[0],
-                                          every_secs=None))
+  actions.append(_Trace(run.workdir, bounds))
   return actions, bounds
 
 

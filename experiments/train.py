@@ -27,7 +27,7 @@ Outputs in ``workdir``:
   means over the interval) and per evaluation (``split=test``); the columns
   are documented in :data:`experiments.writers.CSV_DOC`.
 * ``events.out.tfevents.*``: the rows of ``metrics.csv`` as TensorBoard scalars
-  (``train/loss``, ``test/accuracy``, ...) and clu's progress reports;
+  (``train/loss``, ``test/accuracy``, ...) and the progress reports (``steps_per_sec``, ``uptime``);
   ``plugins/profile/``: the profiler trace of ``config.trace_step``, if set.
 * ``summary.json``: config, final test accuracy, bytes on the wire, timing.
 * ``config.json``: the resolved config.

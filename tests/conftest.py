@@ -46,6 +46,10 @@ if _EMITTERS not in os.environ["XLA_FLAGS"]:
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 _CACHE_ENV = "JAXCOMP_TESTS_XLA_CACHE"
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+# TensorFlow (the tf.data pipelines) imports Keras at its own import: about 2 s of CPU in this
+# process and in every subprocess that reads images (most of the suite's training runs). Nothing
+# here uses Keras. Told to use the legacy tf_keras, which is not installed, TensorFlow skips it.
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 # Hypothesis profiles that --hypothesis-profile loads (it needs them registered before the test
 # modules are imported): "exchange-long" runs tests/test_exchange_fuzz.py's property long.

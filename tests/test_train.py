@@ -68,6 +68,7 @@ def test_tensorboard_events_hold_the_csv_rows_and_a_trace_is_taken(tmp_path):
       tagged = events[(f"{r['split']}/{column}", int(r["step"]))]
       np.testing.assert_allclose(tagged, float(r[column]), rtol=1e-5, err_msg=f"{r['split']}/{column}")
   assert len({v for (tag, _), v in events.items() if tag == "train/loss"}) == 3  # three different losses
+  assert events[("uptime", 6)] > 0 and events[("steps_per_sec", 6)] > 0  # the progress report after the last step
   assert glob.glob(os.path.join(tmp_path, "plugins", "profile", "*", "*.xplane.pb"))  # the trace of step 3
 
 

@@ -33,6 +33,16 @@ def test_help_lists_every_config():
   assert "configs/common.py" not in out.stdout  # no get_config: not a config
 
 
+def test_the_entry_point_and_its_tensorboard_writer_import_no_tensorflow(tmp_path):
+  """Only tf.data pipelines need TensorFlow (seconds of every run's start): not the entry point, nor its events."""
+  code = ("import sys; from experiments import train, writers; w = writers.ScalarWriter(sys.argv[1]); "
+          "w.write_scalars(1, {'train/loss': 0.5}); w.close(); print('tensorflow' in sys.modules)")
+  out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
+  assert out.returncode == 0 and out.stdout.strip() == "False", out.stdout + out.stderr
+  assert len(list(tmp_path.glob("events.out.tfevents.*"))) == 1
+
+
 def test_list_shows_a_configs_fields_with_their_values():
   text = cli.preflight(["train", "list", "configs/terngrad_lenet.py:runlocal"])
   lines = {l.split("=")[0].strip(): l for l in text.splitlines()[1:]}
@@ -115,7 +125,7 @@ def test_log_lines_never_land_in_the_progress_bar_and_orbax_says_nothing(tmp_pat
 
 def test_the_run_drops_orbax_info_records_alone():
   """Under the run's logging, orbax's INFO records are dropped; its warnings and every other record pass."""
-  from experiments import writers  # pylint: disable=g-import-not-at-top  (TensorFlow, through clu)
+  from experiments import writers  # pylint: disable=g-import-not-at-top  (tensorboard's protocol buffers)
 
   seen = []
   handler, quiet = logging.Handler(), logging.Handler(logging.ERROR)  # quiet's level holds: it gets nothing
