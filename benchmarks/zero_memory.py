@@ -64,12 +64,12 @@ def next_token_loss(model):
   return loss
 
 
-def worker_step(model, tx):
+def worker_step(model, tx, axes="workers"):
   """One worker's step: its loss and gradient, then ``tx`` (the exchange and the optimizer); returns the loss too."""
   loss = next_token_loss(model)
 
   def step(params, opt_state, tokens):
-    value, grads = jax.value_and_grad(loss)(jaxcomp.parallel.vary(params, "workers"), tokens)
+    value, grads = jax.value_and_grad(loss)(jaxcomp.parallel.vary(params, axes), tokens)
     updates, opt_state = tx.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, value
 
