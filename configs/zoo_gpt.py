@@ -373,6 +373,8 @@ QWZ = {"param_gather": "blockint", "param_gather_kwargs": {"bits": 8}}
 QGZ = {"compressor": "blockint", "compressor_kwargs": {"bits": 4}}
 ZERO3 = {"none": ("none", {}),
          "qwz_qgz": ("none", {**QGZ, **QWZ}),
+         # qgZ's int4 with a scale per 64 values (0.5 bits a value more than per 2,560)
+         "qwz_qgz.block=64": ("none", {**QGZ, "compressor_kwargs": {"bits": 4, "block": 64}, **QWZ}),
          **{f"{name}_qwz": (name, QWZ) for name in ("terngrad", "threelc", "int8")}}
 
 # qgZ's int4 keeps jaxcomp's error feedback (the zoo's replicated blockint row, as the paper, has none).
