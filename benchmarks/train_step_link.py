@@ -316,7 +316,8 @@ def report(paths) -> int:
 def _print_steps(docs) -> None:
   """Where a document has each step's bytes: its silent and exchanging steps apart, and the time
   the exchanging ones took beyond a silent step, summed over the timed steps."""
-  rows = [(doc, r) for doc in docs for r in doc["results"] if isinstance(r.get("bytes_on_wire"), list)]
+  rows = [(doc, r) for doc in docs for r in doc["results"]
+          if isinstance(r.get("bytes_on_wire"), list) and not all(r["bytes_on_wire"])]  # some step silent
   if not rows:
     return
   print()

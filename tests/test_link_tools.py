@@ -288,7 +288,9 @@ def test_train_step_link_reports_silent_and_exchanging_steps_apart(tmp_path, cap
   from benchmarks import train_step_link as tsl
   doc = {"processes": 2, "link": "10mbit", "pipelined": True, "load_average": [3.0, 2.5, 2.0], "results": [
       {"config": "lenet", "method": "none", "step_time_sec": 0.1, "times_s": [0.1, 0.5, 0.12, 0.1, 0.7],
-       "bytes_on_wire": [0, 100, 0, 0, 100]}]}
+       "bytes_on_wire": [0, 100, 0, 0, 100]},
+      # every step exchanges (data-parallel): in the step table, not split into silent and exchanging
+      {"config": "lenet", "method": "terngrad", "step_time_sec": 0.2, "times_s": [0.2, 0.2], "bytes_on_wire": [9, 9]}]}
   (tmp_path / "d.json").write_text(json.dumps(doc))
   assert tsl.main(["--report", str(tmp_path / "d.json")]) == 0
   # mean 304 ms; silent median 100; exchanging median 600 of 2; beyond silent (0.5 + 0.7) - 2 x 0.1 = 1000 ms
