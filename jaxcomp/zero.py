@@ -238,6 +238,11 @@ class _Sharding(NamedTuple):
     return self.host_devices if self.within is not None else self.num_workers
 
   @property
+  def copies(self) -> int:
+    """How many copies of the cut rows the workers hold: one a host (``within``), else one."""
+    return self.num_workers // self.cut_workers
+
+  @property
   def cut_axis(self) -> parallel.AxisName:
     """The axes the chunks are cut over, and the parameters' and updates' all-gathers run over."""
     return self.within if self.within is not None else self.axis_name
@@ -298,9 +303,8 @@ class _Sharding(NamedTuple):
     """Every worker's shard of ``params``, stacked: ``(num_workers, chunk)`` a cut leaf, a copy each of a whole one
     (cut over a host's devices, ``within``: the host's rows, once for each host)."""
     leaves, treedef = jax.tree.flatten(params)
-    hosts = self.num_workers // self.cut_workers
     return treedef.unflatten([
-        jnp.tile(scatter.rows_of(a, lay), (hosts, 1)) if lay is not None
+        scatter.rows_of(a, lay, self.copies) if lay is not None
         else jnp.broadcast_to(a, (self.num_workers,) + jnp.shape(a))
         for a, lay in zip(leaves, self.lays(params, self.cut_workers))])
 
@@ -355,7 +359,7 @@ class _Sharding(NamedTuple):
 
   def shard_params(self, params: Any) -> zero_params.ShardedParams:
     """Every worker's chunks of ``params`` (outside a step: at init, or from whole parameters restored)."""
-    return zero_params.shard(params, self.lays(params, self.cut_workers), self.num_workers // self.cut_workers)
+    return zero_params.shard(params, self.lays(params, self.cut_workers), self.copies)
 
   def cut_lays(self, sharded: zero_params.ShardedParams, workers: int) -> list:
     """:meth:`lays` of the whole parameters ``sharded`` holds (a cut tensor by its shape and dtype)."""

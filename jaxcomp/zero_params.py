@@ -90,7 +90,7 @@ def positions(sharded: ShardedParams) -> tuple[list, Any, list]:
 def shard(params: Any, lays: list[Optional[two_phase.Split]], copies: int = 1) -> ShardedParams:
   """Every worker's chunks of ``params`` (rows ``(workers, chunk)``, ``copies`` times over: one copy a host
   when cut over a host's devices), the small tensors whole."""
-  return _split(params, lays, lambda a, lay: jnp.tile(scatter.rows_of(a, lay), (copies, 1)))
+  return _split(params, lays, lambda a, lay: scatter.rows_of(a, lay, copies))
 
 
 def own(params: Any, lays: list[Optional[two_phase.Split]], index: Any) -> ShardedParams:

@@ -100,9 +100,11 @@ def shard_of(x: jax.Array, lay: two_phase.Split, index: jax.Array) -> jax.Array:
   return jax.lax.dynamic_slice(flat, (index * lay.chunk,), (lay.chunk,))
 
 
-def rows_of(x: jax.Array, lay: two_phase.Split) -> jax.Array:
-  """Every worker's chunk of ``x``: ``(workers, chunk)`` (as :func:`shard_of` for each index)."""
-  return jnp.pad(x.reshape(-1), (0, lay.padded - lay.n)).reshape(lay.workers, lay.chunk)
+def rows_of(x: jax.Array, lay: two_phase.Split, copies: int = 1) -> jax.Array:
+  """Every worker's chunk of ``x``: ``(workers, chunk)`` (as :func:`shard_of` for each index), ``copies``
+  times over (``(copies · workers, chunk)``: one copy a host when the cut is over a host's devices)."""
+  rows = jnp.pad(x.reshape(-1), (0, lay.padded - lay.n)).reshape(lay.workers, lay.chunk)
+  return rows if copies == 1 else jnp.tile(rows, (copies, 1))
 
 
 def whole(rows: jax.Array, lay: two_phase.Split, shape: tuple[int, ...]) -> jax.Array:

@@ -89,10 +89,11 @@ class Traffic:
 
   def apart(self, within: parallel.AxisName) -> tuple["Traffic", "Traffic"]:
     """``(everything but the hop over within, that hop)``, each without hops."""
-    inside = self.hops.get(parallel.axis_names(within), Traffic())
+    within = parallel.axis_names(within)
+    inside = self.hops.get(within, Traffic())
     outside = Traffic(self.sent, self.received, self.encoded)
     for axes, hop in self.hops.items():
-      if axes != parallel.axis_names(within):
+      if axes != within:
         outside += hop
     return outside, Traffic(inside.sent, inside.received, inside.encoded)
 
