@@ -160,10 +160,7 @@ def peak_rss() -> int:
 def parse(argv) -> argparse.Namespace:
   parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
   parser.add_argument("--budget-mb", type=float, required=True, help="bytes a device may hold, in 10^6")
-  parser.add_argument("--width", type=int, default=768)
-  parser.add_argument("--depth", type=int, default=12)
-  parser.add_argument("--context", type=int, default=64)
-  parser.add_argument("--batch", type=int, default=1, help="sequences per worker")
+  zero_memory.gpt_arguments(parser, width=768, depth=12, context=64, batch=1)
   parser.add_argument("--devices", type=int, default=8)
   parser.add_argument("--steps", type=int, default=12, help="training steps of the sharded layout (0: none)")
   parser.add_argument("--seed", type=int, default=0)

@@ -85,10 +85,7 @@ def report(results: list[dict[str, Any]]) -> str:
 
 def main(argv=None) -> dict[str, Any]:
   parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-  parser.add_argument("--width", type=int, default=256)
-  parser.add_argument("--depth", type=int, default=4)
-  parser.add_argument("--context", type=int, default=64)
-  parser.add_argument("--batch", type=int, default=1, help="sequences per device")
+  zero_memory.gpt_arguments(parser, width=256, depth=4, context=64, batch=1)
   parser.add_argument("--hosts", type=int, default=2)
   parser.add_argument("--local", type=int, default=4, help="devices per host")
   parser.add_argument("--json", default=None, help="also write the JSON to this file")

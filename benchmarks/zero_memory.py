@@ -132,12 +132,17 @@ def gradient_only(model, params, batch: int) -> dict[str, Any]:
   return {"devices": 1, "state": "gradient only", **train_memory.memory_figures(compiled)}
 
 
+def gpt_arguments(parser: argparse.ArgumentParser, width: int, depth: int, context: int, batch: int) -> None:
+  """``--width``, ``--depth``, ``--context`` (the GPT of :func:`gpt`) and ``--batch``, with these defaults."""
+  parser.add_argument("--width", type=int, default=width)
+  parser.add_argument("--depth", type=int, default=depth)
+  parser.add_argument("--context", type=int, default=context)
+  parser.add_argument("--batch", type=int, default=batch, help="sequences per worker (one worker a device)")
+
+
 def main(argv=None) -> dict[str, Any]:
   parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-  parser.add_argument("--width", type=int, default=512)
-  parser.add_argument("--depth", type=int, default=8)
-  parser.add_argument("--context", type=int, default=256)
-  parser.add_argument("--batch", type=int, default=4, help="sequences per worker")
+  gpt_arguments(parser, width=512, depth=8, context=256, batch=4)
   parser.add_argument("--devices", default="4,8", help="comma-separated mesh sizes")
   parser.add_argument("--compressor", default="terngrad")
   parser.add_argument("--layouts", default="gradient,replicated,sharded,params",
