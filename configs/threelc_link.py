@@ -57,7 +57,7 @@ EVAL_EVERY = 20
 TARGET_ACCURACY = 0.65  # chosen before the runs (see the module docstring)
 CAPACITY = {1.00: 0.9, 1.75: 0.6}  # zero-run buffer / base-3^5 size, per sparsity s
 # The tbf bucket (bytes) of the committed runs, per link: the launcher's
-# experiments.launch.tbf_burst (a test keeps the two equal: change the launcher's
+# experiments.netns.tbf_burst (a test keeps the two equal: change the launcher's
 # and these runs must be made again). After each idle spell that much passes at
 # once; the report says what it is worth.
 RUNS_TBF_BURST = {"10mbit": 96 * 1024, "100mbit": 96 * 1024, "1gbit": 125_000}

@@ -79,8 +79,8 @@ def table_rows(docs):
 
 def rate_bits_per_second(link: str) -> float:
   """A document's ``link`` (``RATE[,DELAY]``) in bit/s; 0 for an unshaped (loopback) run."""
-  from experiments import launch  # pylint: disable=g-import-not-at-top
+  from experiments import netns  # pylint: disable=g-import-not-at-top
   try:
-    return launch.rate_bits_per_second(launch.parse_link(link).rate)
-  except launch.LaunchError:
+    return netns.rate_bits_per_second(netns.parse_link(link).rate)
+  except netns.LaunchError:
     return 0.0

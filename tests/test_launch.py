@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from experiments import distributed, launch, procenv
+from experiments import distributed, launch, netns, procenv, supervisor
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -310,7 +310,7 @@ def test_heartbeat_timeout_from_env_shortens_a_survivors_wait(tmp_path):
   # once, then hangs until the coordination service declares the peer dead
   # (JAX's default heartbeat timeout: 100 s). JAXCOMP_HEARTBEAT_TIMEOUT=5
   # through initialize_from_env must end it far sooner.
-  port = launch._free_port()
+  port = supervisor._free_port()
   t0 = time.monotonic()
   procs = [subprocess.Popen([sys.executable, "-c", COLLECTIVE_LOOP], cwd=REPO,
                             env=_env(KILL_AT="10", JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
@@ -368,19 +368,19 @@ def test_bad_arguments_are_clear(capsys):
   with pytest.raises(SystemExit):
     launch.main(["--processes", "2", "--link", "100mb", "--", "-c", "pass"])
   assert "RATE must be" in capsys.readouterr().err
-  assert launch.parse_link("1gbit,5ms") == launch.LinkSpec("1gbit", "5ms")
-  assert launch.parse_link("10mbps") == launch.LinkSpec("10mbps", None)
-  with pytest.raises(launch.LaunchError, match="DELAY"):
-    launch.parse_link("100mbit,5")
+  assert netns.parse_link("1gbit,5ms") == netns.LinkSpec("1gbit", "5ms")
+  assert netns.parse_link("10mbps") == netns.LinkSpec("10mbps", None)
+  with pytest.raises(netns.LaunchError, match="DELAY"):
+    netns.parse_link("100mbit,5")
 
 
 def test_link_without_root_or_iproute2_is_a_clear_error(monkeypatch, capsys):
   argv = ["--processes", "2", "--link", "100mbit", "--", "-c", "pass"]
-  monkeypatch.setattr(launch, "_euid", lambda: 1000)
+  monkeypatch.setattr(netns, "_euid", lambda: 1000)
   assert launch.main(argv) == 2
   assert "--link needs root" in capsys.readouterr().err
-  monkeypatch.setattr(launch, "_euid", lambda: 0)
-  monkeypatch.setattr(launch.shutil, "which", lambda tool: None)
+  monkeypatch.setattr(netns, "_euid", lambda: 0)
+  monkeypatch.setattr(netns.shutil, "which", lambda tool: None)
   assert launch.main(argv) == 2
   assert "needs iproute2" in capsys.readouterr().err
 

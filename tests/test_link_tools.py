@@ -157,8 +157,8 @@ def test_link_sweep_plans_every_design_over_every_link(tmp_path):
   assert (c.workers, c.max_devices, c.batch_size) == (4, 1, 128)
   assert 0 < c.target_accuracy < 1 and c.num_train_steps % c.eval_every == 0
   # The committed runs' bucket is the launcher's: change one and the runs must be made again.
-  from experiments import launch
-  assert cfg.RUNS_TBF_BURST == {link: launch.tbf_burst(link) for link in cfg.LINKS}
+  from experiments import netns
+  assert cfg.RUNS_TBF_BURST == {link: netns.tbf_burst(link) for link in cfg.LINKS}
 
 
 def test_two_phase_training_sweeps():

@@ -76,17 +76,17 @@ def link_table(cfg: Any, runs: dict[str, dict], link: str, column: int) -> list[
 
 def bucket_lines(cfg: Any, runs: dict[str, dict]) -> list[str]:
   """What the tbf bucket of the runs (``cfg.RUNS_TBF_BURST``) is worth at each link."""
-  from experiments import launch  # pylint: disable=g-import-not-at-top
+  from experiments import netns  # pylint: disable=g-import-not-at-top
 
   worth = ", ".join(
       f"{cfg.RUNS_TBF_BURST[link] / 1024:.0f} KiB at {link} "
-      f"({8e3 * cfg.RUNS_TBF_BURST[link] / launch.rate_bits_per_second(link):.1f} ms of wire)"
+      f"({8e3 * cfg.RUNS_TBF_BURST[link] / netns.rate_bits_per_second(link):.1f} ms of wire)"
       for link in cfg.LINKS)
   sent = {name: _sent_per_step(runs[cfg.run_name(cfg.LINKS[0], name)]["summary"])
           for name in cfg.DESIGNS if cfg.run_name(cfg.LINKS[0], name) in runs}
   line = (f"**Link emulation.** A tbf lets its bucket pass at once, above the rate, after an idle "
           f"spell such as a step's computation; a NIC has no such bucket. These runs' bucket: {worth} "
-          "(`experiments.launch.tbf_burst`: a smaller one cost throughput with 64 KB TCP segments).")
+          "(`experiments.netns.tbf_burst`: a smaller one cost throughput with 64 KB TCP segments).")
   if "float32" in sent and len(sent) > 1:
     slow, bucket = cfg.LINKS[0], cfg.RUNS_TBF_BURST[cfg.LINKS[0]]
     small = [v for k, v in sent.items() if k != "float32"]
