@@ -12,7 +12,7 @@ from _report_tables import number, numbers, row, table
 from benchmarks import link
 from configs import zoo as zoo_config
 from configs import zoo_gpt
-from experiments import zoo
+from experiments import zoo, zoo_studies
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -194,7 +194,7 @@ def test_findings_sweeps_and_diagnoses_are_reported_from_their_files(tmp_path):
     _fake_run(os.path.join(studies["tune"].runs_dir, f"{tuned}/{key}={v}"), accuracy[v])
   for name, _ in zoo_config.get_sweep("diagnose"):
     _fake_run(os.path.join(studies["diagnose"].runs_dir, name), 0.5, norms=((0.1, 3.0), (7.0, 40.0), (0.2, 9.0)))
-  lines = zoo._findings(z, str(tmp_path / "zoo.png"), str(tmp_path / "zoo.md"))
+  lines = zoo_studies.findings(z, str(tmp_path / "zoo.png"), str(tmp_path / "zoo.md"))
   text = "\n".join(lines)
   for name, r in zoo_config.SETTINGS.items():
     assert ("finding" in r) == (r.get("finding", "") in text and f"* `{name}`:" in text), name

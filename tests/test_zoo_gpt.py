@@ -12,7 +12,7 @@ from _report_tables import number, row, table
 from benchmarks import link
 from configs import zoo as vision_config
 from configs import zoo_gpt
-from experiments import zoo
+from experiments import zoo, zoo_report, zoo_studies, zoo_table
 
 
 def test_every_registered_compressor_has_a_row_and_diloco_its_four():
@@ -106,8 +106,8 @@ def test_link_timing_of_the_language_model():
   assert train_step_link.wire_bytes(zoo_gpt.LINK_CONFIG, "none", 2) == 4 * 120_576  # float32, every parameter
   times = [0.1] * 49 + [5.1]
   result = {"step_time_sec": 0.1, "times_s": times}
-  assert zoo.link_seconds(z, result) == pytest.approx(0.2)  # the exchanging step counts once in 50
-  assert zoo.link_seconds(zoo.Zoo("configs/zoo.py", "runs"), result) == 0.1
+  assert zoo_table.link_seconds(z, result) == pytest.approx(0.2)  # the exchanging step counts once in 50
+  assert zoo_table.link_seconds(zoo.Zoo("configs/zoo.py", "runs"), result) == 0.1
 
 
 def test_wire_bytes_counts_the_wrappers():
@@ -141,7 +141,7 @@ def test_report_section_ranks_by_bits_per_byte(tmp_path):
   _fake_run(os.path.join(z.runs_dir, "none", "seed1"), 3.0, peak=482304.0)
   _fake_run(os.path.join(z.runs_dir, "onebit_adam", "seed0"), 5.2)
   out = tmp_path / "zoo.md"
-  text = zoo.report([z], str(out), str(tmp_path / "zoo.png"))
+  text = zoo_report.report([z], str(out), str(tmp_path / "zoo.png"))
   cells = table(text, "compressor", "held-out bits per byte")
   assert number(row(cells, compressor="`none`")["held-out bits per byte"]) == 2.95
   assert row(cells, compressor="`none`")["spread over seeds"] == "± 0.071 (2.900–3.000)"
@@ -173,12 +173,14 @@ def test_diloco_study_table_and_outer_norms(tmp_path):
   for lr, bits in ((0.1, 3.5), (0.3, 3.2), (0.7, 3.9)):
     _fake_study_run(os.path.join(study.runs_dir, "h10", f"outer_lr={lr}"), bits,
                     [silent, outer(1.0, 2.0, 5.0), silent, outer(3.0, 8.0, 9.0)])
-  text = "\n".join(zoo._diloco_study(z, study, str(tmp_path / "zoo_gpt.png"), str(tmp_path / "zoo.md"), 2.9, 4.876))
+  text = "\n".join(zoo_studies.diloco_study(z, study, str(tmp_path / "zoo_gpt.png"), str(tmp_path / "zoo.md"),
+                                            2.9, 4.876))
   h10 = row(table(text, "H", "outer LR 0.3"), H="10")
   assert (h10["outer LR 0.3"], h10["outer LR 0.1"], h10["outer LR 1"]) == ("**3.200** (14)", "3.500 (14)", "not measured")
-  runs = zoo._study_runs(study)
-  assert zoo.diloco_finding_text("{bpb:h10/outer_lr=0.7} {grad:h10/outer_lr=0.7} {mom:h10/outer_lr=0.7} "
-                                 "{amp:h10/outer_lr=0.7} {path:h10/outer_lr=0.7} {bpb:h50/outer_lr=0.7}", runs) == \
+  runs = zoo_studies._study_runs(study)
+  assert zoo_studies.diloco_finding_text("{bpb:h10/outer_lr=0.7} {grad:h10/outer_lr=0.7} {mom:h10/outer_lr=0.7} "
+                                         "{amp:h10/outer_lr=0.7} {path:h10/outer_lr=0.7} {bpb:h50/outer_lr=0.7}",
+                                         runs) == \
       "3.900 2 5 3.5 14 not measured"
   assert (tmp_path / "zoo_gpt_diloco.png").stat().st_size > 0
 
@@ -197,10 +199,12 @@ def test_weak_row_findings_take_their_figures_from_the_diagnosis(tmp_path):
   other = next(label for label in zoo_gpt.DIAGNOSES[owner] if f"{owner}/{label}" != taken)
   _fake_study_run(os.path.join(diag.runs_dir, taken), 3.1, [norms(0.5, 2.0)])
   _fake_study_run(os.path.join(diag.runs_dir, owner, other), 3.0, [norms(0.5, 4.0)])
-  runs = zoo._study_runs(diag)
-  assert zoo.finding_text(f"{{bpb:{taken}}}, {{upd:none/paper}}, {{res:{owner}/{other}}}, {{bpb:x/y}}", runs) == \
+  runs = zoo_studies._study_runs(diag)
+  assert zoo_studies.finding_text(f"{{bpb:{taken}}}, {{upd:none/paper}}, {{res:{owner}/{other}}}, {{bpb:x/y}}",
+                                  runs) == \
       "3.100, 2, 4, not measured"
-  text = "\n".join(zoo._language_findings(z, diag, str(tmp_path / "zoo_gpt.png"), str(tmp_path / "zoo.md"), 2.9))
+  text = "\n".join(zoo_studies.language_findings(z, diag, str(tmp_path / "zoo_gpt.png"), str(tmp_path / "zoo.md"),
+                                                 2.9))
   assert f"the row's best diagnosis run is `{owner}/{other}`, not `{taken}`: update the row" in text
   cells = row(table(text, "run", "mean ‖update‖ (× float's)"), run=f"`{taken}`")
   assert cells["held-out bits per byte"] == "3.100" and cells["mean ‖update‖ (× float's)"] == "0.5 (0.25×)"
@@ -224,5 +228,6 @@ def test_claims_name_rows_of_the_table_and_fill_their_figures():
       assert figure in ("bpb", "bytes", "peak", "ratio") and row in names, (figure, row)
   rs = [{"name": "none", "acc": {"mean": 2.9451, "bytes": 482304.0, "peak": 482304.0, "ratio": 1.0}},
         {"name": "demo", "acc": {"mean": 3.4412, "bytes": 10960.0, "peak": None, "ratio": 44.0}}]
-  assert zoo.claim_text("{bpb:demo} vs {bpb:none}, {ratio:demo}, {bytes:demo}, {peak:demo}, {bpb:topk}", rs) == (
+  claims = "{bpb:demo} vs {bpb:none}, {ratio:demo}, {bytes:demo}, {peak:demo}, {bpb:topk}"
+  assert zoo_studies.claim_text(claims, rs) == (
       "3.441 vs 2.945, 44×, 11.0 kB, not measured, not measured")
