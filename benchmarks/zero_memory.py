@@ -43,6 +43,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import jaxcomp  # noqa: E402
 from jaxcomp import models  # noqa: E402
+from jaxcomp.exchange import scatter  # noqa: E402
 
 VOCAB = 256  # bytes
 
@@ -79,15 +80,17 @@ def worker_step(model, tx, axes="workers"):
 LAYOUTS = ("replicated", "sharded", "params")
 
 
-def chain(compressor: str, devices: int, layout: str, param_gather=None, **compressor_kwargs):
+def chain(compressor: str, devices: int, layout: str, param_gather=None, align: int = scatter.DEFAULT_ALIGN,
+          **compressor_kwargs):
   """``compressor`` (with ``compressor_kwargs``) then AdamW, in ``layout``; ``param_gather``: the
-  parameters' all-gather codec of the ``params`` layout (``None``: float)."""
+  parameters' all-gather codec of the ``params`` layout (``None``: float); ``align``: the cut's
+  (``jaxcomp.shard_optimizer``'s)."""
   tx = optax.chain(jaxcomp.get_transform(compressor, axis_name="workers", **compressor_kwargs),
                    optax.adamw(1e-3, weight_decay=0.1))
   if layout == "replicated":
     return tx
   return jaxcomp.shard_optimizer(tx, axis_name="workers", num_workers=devices, shard_params=layout == "params",
-                                 param_gather=param_gather)
+                                 param_gather=param_gather, align=align)
 
 
 def compile_step(model, params, tx, devices: int, batch: int, label: str):
@@ -116,9 +119,10 @@ def figures(compiled, own: dict[str, int]) -> dict[str, int]:
   return {**own, **memory, "working_bytes": memory["peak_bytes"] - sum(own.values())}
 
 
-def measure(model, params, devices: int, compressor: str, layout: str, batch: int) -> dict[str, Any]:
+def measure(model, params, devices: int, compressor: str, layout: str, batch: int,
+            align: int = scatter.DEFAULT_ALIGN) -> dict[str, Any]:
   """One compiled step's figures, per device."""
-  _, compiled, own = compile_step(model, params, chain(compressor, devices, layout), devices, batch,
+  _, compiled, own = compile_step(model, params, chain(compressor, devices, layout, align=align), devices, batch,
                                   f"P={devices} {layout}")
   return {"devices": devices, "state": layout, **figures(compiled, own)}
 
@@ -148,20 +152,22 @@ def main(argv=None) -> dict[str, Any]:
   parser.add_argument("--layouts", default="gradient,replicated,sharded,params",
                       help="comma-separated, from: gradient (forward and backward alone), replicated, sharded "
                            "(the state cut), params (the parameters too)")
+  parser.add_argument("--align", type=int, default=scatter.DEFAULT_ALIGN,
+                      help="chunks hold a multiple of this many values (jaxcomp.shard_optimizer's align=)")
   parser.add_argument("--json", default=None, help="also write the JSON to this file")
   args = parser.parse_args(argv)
   model, params = gpt(args.width, args.depth, args.context)
   doc = {"jax_version": jax.__version__, "backend": jax.default_backend(), "per": "device",
          "model": {"width": args.width, "depth": args.depth, "context": args.context, "vocab": VOCAB,
                    "parameters": sum(leaf.size for leaf in jax.tree.leaves(params))},
-         "batch_per_worker": args.batch, "compressor": args.compressor, "optimizer": "adamw", "results": []}
+         "batch_per_worker": args.batch, "compressor": args.compressor, "optimizer": "adamw", "align": args.align, "results": []}
   layouts = args.layouts.split(",")
   if "gradient" in layouts:
     doc["results"].append(gradient_only(model, params, args.batch))
     print(json.dumps(doc["results"][-1]), file=sys.stderr, flush=True)
   for devices in [int(d) for d in args.devices.split(",")]:
     for layout in [s for s in LAYOUTS if s in layouts]:
-      doc["results"].append(measure(model, params, devices, args.compressor, layout, args.batch))
+      doc["results"].append(measure(model, params, devices, args.compressor, layout, args.batch, args.align))
       print(json.dumps(doc["results"][-1]), file=sys.stderr, flush=True)
   return train_memory.emit(doc, args.json)
 

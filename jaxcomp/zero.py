@@ -121,6 +121,10 @@ def shard_optimizer(tx: optax.GradientTransformation, *, axis_name: parallel.Axi
     align: chunks hold a multiple of this many values (a compressor's whole
       bytes and buckets: :data:`jaxcomp.exchange.scatter.DEFAULT_ALIGN` serves
       every registered one); tensors under ``num_workers · align`` stay whole.
+      Where the compressors allow, an ``align`` that cuts the tensors without
+      padding (512 for float or 64-value blocks and tensors of power-of-two
+      sizes) spares ``shard_params`` a second copy of the gathered weights
+      (docs/zero.md, "Memory per device").
     bucket_bytes: the updates' all-gather is fused in buckets of about this
       many bytes (:mod:`jaxcomp.exchange.buckets`).
     gather: a compressor for the updates' all-gather (e.g. ``jaxcomp.Int8()``:

@@ -1,6 +1,8 @@
 """benchmarks/zero_memory.py: XLA's figures for a sharded optimizer state and sharded parameters add up (a tiny
 GPT, 4 devices)."""
 
+import jax
+
 from benchmarks import zero_memory
 
 # XLA's sizes against the arrays' own: counters a step overwrites without reading (metrics of
@@ -27,3 +29,17 @@ def test_sharded_state_is_what_shrinks():
   assert sharded["peak_bytes"] < replicated["peak_bytes"]
   # ZeRO-3 holds less between steps; its step's scratch is larger (docs/zero.md says by how much and why).
   assert params["argument_bytes"] < sharded["argument_bytes"] and params["temp_bytes"] > sharded["temp_bytes"]
+
+
+def test_align_cuts_without_padding_where_the_sizes_allow():
+  # --align reaches the cut: 512 cuts this GPT's tensors into exact quarters, the default 2,560 pads them
+  # (docs/zero.md: the padded rows are the second copy of the gathered weights). Shapes only.
+  _, params = zero_memory.gpt(64, 1, 8)
+  n = sum(leaf.size for leaf in jax.tree.leaves(params))
+  held = {}
+  for align in (512, 2560):
+    sharded = jax.eval_shape(zero_memory.chain("none", 4, "params", align=align).shard_params, params)
+    rows = jax.tree.leaves(sharded.local.residual)
+    assert rows and all(r.shape[0] == 4 for r in rows)
+    held[align] = sum(r.size for r in rows) + sum(leaf.size for leaf in jax.tree.leaves(sharded.whole))
+  assert held[512] == n < held[2560]
