@@ -228,9 +228,9 @@ class Compress:
     if lay is None:
       mean = yield from send_float(g)
     elif self.replicated_over_hosts:
-      mean = yield from scatter.float_steps(g, lay, self.exchange_axes, self.axis_name, self.within)
+      mean = yield from scatter.float_steps(g, lay, self.axis_name, self.within)
     else:
-      mean = yield from scatter.float_steps(g, lay, self.exchange_axes)
+      mean = yield from scatter.float_steps(g, lay)
     return TensorResult(mean, residual, inner, shard, {})
 
   def scatter_tensor(self, g, x, bad, residual, inner, shard, key, tracked_path, lay):

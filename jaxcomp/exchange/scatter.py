@@ -124,14 +124,14 @@ def check_compressor(compressor: core.Compressor, lay: two_phase.Split, align: i
         f"multiple of {need} values (whole bytes, whole buckets); pass align= a multiple of {need}.")
 
 
-def float_steps(g: jax.Array, lay: two_phase.Split, axis_name: parallel.AxisName,
-                hosts: parallel.AxisName = None, local: parallel.AxisName = None):
-  """A float tensor's reduce-scatter (messages): this worker's chunk of the mean, in ``g``'s dtype.
+def float_steps(g: jax.Array, lay: two_phase.Split, hosts: parallel.AxisName = None,
+                local: parallel.AxisName = None):
+  """A float tensor's reduce-scatter (messages over the exchange's axes): this worker's chunk of the mean,
+  in ``g``'s dtype.
 
   With ``hosts`` and ``local`` the cut is over ``local`` (hybrid sharding):
   the host's mean of the chunk, then its mean over ``hosts``.
   """
-  del axis_name  # the exchange's (the messages' default)
   received = yield core.Message("all_to_all", rows_of(g, lay), over=local)
   shard = core.sum_leading(received).astype(g.dtype) / lay.workers  # as jaxcomp.parallel.pmean over vmap
   if hosts is not None:
