@@ -162,8 +162,8 @@ class DataParallel:
     params = jax.tree.map(jnp.array, params)  # a copy (device_put would alias the caller's buffers)
     if zero.shards_params(self.tx):  # ZeRO-3: each worker's chunks (jaxcomp.zero_params)
       params = self.tx.shard_params(params)
-    if self.mesh is None:
-      return params, opt_state
+    if self.mesh is None:  # committed, as the step's outputs and a restored checkpoint are: one compile
+      return jax.device_put((params, opt_state), _default_device())
     return jax.device_put((params, opt_state), self._shardings(params, opt_state, None)[:2])
 
   def abstract(self, params: Any) -> tuple[Any, Any]:
@@ -173,12 +173,14 @@ class DataParallel:
     (orbax's ``StandardRestore``): it follows from the parameters' shapes and
     the step's layout, not from a state in memory, so a fresh process (or
     each process of several) builds the same one. Under ``vmap`` (no mesh)
-    the shardings are ``None``: the arrays come back on the default device.
+    every array is on the default device, as :meth:`init` puts them.
     """
     params_shape, state_shape = jax.eval_shape(self.init, params)
     if self.mesh is None:
-      return params_shape, state_shape
-    shardings = self._shardings(params_shape if _sharded_params(params_shape) else params, state_shape, None)[:2]
+      shardings = jax.tree.map(lambda _: jax.sharding.SingleDeviceSharding(_default_device()),
+                               (params_shape, state_shape))
+    else:
+      shardings = self._shardings(params_shape if _sharded_params(params_shape) else params, state_shape, None)[:2]
     return jax.tree.map(lambda s, where: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=where),
                         (params_shape, state_shape), shardings)
 
@@ -303,6 +305,14 @@ class DataParallel:
     where = ", ".join(([f"workers={self._workers}"] if self._workers is not None else [])
                       + ([f"mesh={dict(self.mesh.shape)}"] if self.mesh is not None else []))
     return f"DataParallel({getattr(self.worker_step, '__name__', 'worker_step')}, {where})"
+
+
+def _default_device() -> jax.Device:
+  """Where JAX puts an array it is not told where to put (``jax_default_device``, else this process' first)."""
+  device = jax.config.jax_default_device
+  if isinstance(device, str):  # a platform's name
+    return jax.local_devices(backend=device)[0]
+  return device or jax.local_devices()[0]
 
 
 def _sharded_params(params: Any) -> Optional[tuple[list, Any, int]]:
