@@ -54,48 +54,66 @@ def received(kind: str, nbytes: int, workers: int) -> int:
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
-class Traffic:
-  """The bytes one worker's exchange moved, counted message by message (exact :class:`~jaxcomp.count.Count` s).
-
-  A message over part of the exchange's axes (a hop, ``Message.over``) is
-  counted in ``hops``, under those axes' names, and not in the totals:
-  :meth:`apart` tells a host's own hop from the rest.
-  """
+class Bytes:
+  """``sent``, ``received`` and ``encoded`` bytes (see the module docstring), exact :class:`~jaxcomp.count.Count` s."""
 
   sent: Count = dataclasses.field(default_factory=Count)
   received: Count = dataclasses.field(default_factory=Count)
   encoded: Count = dataclasses.field(default_factory=Count)
-  hops: dict = dataclasses.field(default_factory=dict)  # axis names (a tuple) -> Traffic over those axes
+
+  def __add__(self, other: "Bytes") -> "Bytes":
+    return Bytes(self.sent + other.sent, self.received + other.received, self.encoded + other.encoded)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class Traffic:
+  """The bytes one worker's exchange moved, counted message by message.
+
+  Each message is counted once, under the axes it crossed: ``()`` for the
+  exchange's own, a hop's names for a message over part of them
+  (``Message.over``). ``sent``, ``received`` and ``encoded`` sum every
+  message; :meth:`apart` tells a host's own hop from the rest.
+  """
+
+  by_axes: dict = dataclasses.field(default_factory=dict)  # axis names (a tuple; () the exchange's) -> Bytes
+
+  @property
+  def total(self) -> Bytes:
+    return sum(self.by_axes.values(), Bytes())
+
+  @property
+  def sent(self) -> Count:
+    return self.total.sent
+
+  @property
+  def received(self) -> Count:
+    return self.total.received
+
+  @property
+  def encoded(self) -> Count:
+    return self.total.encoded
 
   def add(self, message: core.Message, workers: int, kind: Optional[str] = None) -> None:
     """Counts ``message``, delivered as a collective of ``kind`` (its own by default) over ``workers``."""
-    if message.over is not None:
-      hop = self.hops.setdefault(parallel.axis_names(message.over), Traffic())
-      hop.add(message._replace(over=None), workers, kind)
-      return
+    axes = () if message.over is None else parallel.axis_names(message.over)
     nbytes = core.tree_nbytes(message.tree)
     counts = (nbytes, received(kind or message.kind, nbytes, workers),
               nbytes if message.encoded is None else message.encoded)
-    sent, got, encoded = (Count.of(c) if message.when is None else Count.of(c).where(message.when) for c in counts)
-    self.sent += sent
-    self.received += got
-    self.encoded += encoded
+    counted = Bytes(*(Count.of(c) if message.when is None else Count.of(c).where(message.when) for c in counts))
+    self.by_axes[axes] = self.by_axes[axes] + counted if axes in self.by_axes else counted
 
   def __add__(self, other: "Traffic") -> "Traffic":
-    hops = dict(self.hops)
-    for axes, hop in other.hops.items():
-      hops[axes] = hops[axes] + hop if axes in hops else hop
-    return Traffic(self.sent + other.sent, self.received + other.received, self.encoded + other.encoded, hops)
+    by_axes = dict(self.by_axes)
+    for axes, counted in other.by_axes.items():
+      by_axes[axes] = by_axes[axes] + counted if axes in by_axes else counted
+    return Traffic(by_axes)
 
   def apart(self, within: parallel.AxisName) -> tuple["Traffic", "Traffic"]:
-    """``(everything but the hop over within, that hop)``, each without hops."""
+    """``(everything but the hop over within, that hop)``."""
     within = parallel.axis_names(within)
-    inside = self.hops.get(within, Traffic())
-    outside = Traffic(self.sent, self.received, self.encoded)
-    for axes, hop in self.hops.items():
-      if axes != within:
-        outside += hop
-    return outside, Traffic(inside.sent, inside.received, inside.encoded)
+    outside = sum((b for axes, b in self.by_axes.items() if axes != within), Bytes())
+    return Traffic({(): outside}), Traffic({(): self.by_axes.get(within, Bytes())})
 
 
 def _reply_like(message: core.Message, axis_name: parallel.AxisName) -> Any:
