@@ -69,11 +69,10 @@ emulated links, ResNet-110's step was as fast or faster with 512 KiB as
 with larger buckets (docs/design.md, "Choices in the code"). The price is more collectives on large models
 (GPT-2 small: several hundred a step), which fast interconnects may not
 repay: pass a larger ``bucket_bytes`` there. The two-phase exchange waits for
-every worker three times a bucket (agreement, all-to-all, gather): at 4
-processes on 2 CPU cores over 100 Mbit/s, one bucket for all of ResNet-110
-took TernGrad's and 3LC's two-phase step from 0.14 to 0.09 s, but QSGD's and
-int8's, whose larger payloads gain from the pipeline, from 0.15 to 0.17 s and
-0.25 to 0.29 s (docs/benchmarks.md, "Past two workers"): the default stays.
+every worker three times a bucket (agreement, all-to-all, gather): one
+bucket for a whole model speeds TernGrad's and 3LC's two-phase step over a
+slow link but slows QSGD's and int8's, whose larger payloads gain from the
+pipeline (docs/design.md, "Choices in the code"): the default stays.
 """
 
 from __future__ import annotations
