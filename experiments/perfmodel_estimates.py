@@ -233,13 +233,26 @@ def estimate(config) -> dict:
   comp = TernGrad(clip_sigma=config.terngrad_clip_sigma)
   keep_last = (lambda path, shape: models_lib.is_last_layer(path)) if config.terngrad_float_last_layer \
       else (lambda path, shape: False)
+  models, sizes = model_estimates(config, comp, keep_last)
+  cache = {}
+  for name, m in models.items():
+    m["charged_bytes_terngrad"] = exchange_charges(config, comp, sizes[name], m["gradient_bytes_float32"], cache)
   out = {"kind": "performance-model estimates (TernGrad Appendix B); not measurements",
-         "scaling": config.scaling, "models": {}, "clusters": {}}
-  sizes, cache = {}, {}
+         "scaling": config.scaling, "models": models,
+         "clusters": {cname: cluster_estimates(config, cdict, models)
+                      for cname, cdict in config.clusters.items()}}
+  out["break_even"] = break_even_table(config, models)
+  out["alexnet_ethernet_8gpu"] = paper_headline(config, models, out["clusters"])
+  return out
+
+
+def model_estimates(config, comp: core.Compressor, keep_last) -> tuple[dict, dict]:
+  """Each model's batch, parameters, forward FLOPs and gradient bytes; and its tensors' sizes."""
+  models, sizes = {}, {}
   for name in config.models:
     st = pm.model_stats(build_model(name), config.image_size)
     sizes[name] = tensor_sizes(st["params"], keep_last)
-    out["models"][name] = {
+    models[name] = {
         "per_gpu_batch": config.models[name],
         "param_count": st["param_count"],
         "forward_flops": st["forward_flops"],
@@ -247,58 +260,75 @@ def estimate(config) -> dict:
         "gradient_bytes_terngrad": pm.gradient_bytes(st["params"], comp, keep_last),
     }
     print(f"TG-F5: {name}: {st['param_count']:,} parameters", file=sys.stderr)
-  for name, m in out["models"].items():
-    m["charged_bytes_terngrad"] = {ex: {} for ex in EXCHANGES}
-    for gpus in config.gpus:
-      if gpus < 2:
-        continue
-      rf = model_received_bytes(sizes[name], comp, gpus, "float", cache)
-      for ex in EXCHANGES:
-        r = model_received_bytes(sizes[name], comp, gpus, ex, cache)
-        m["charged_bytes_terngrad"][ex][str(gpus)] = charged_bytes(m["gradient_bytes_float32"], r, rf)
-  for cname, cdict in config.clusters.items():
-    cl = cluster_of(cdict)
-    per_model = {}
-    for name, m in out["models"].items():
-      k = m["per_gpu_batch"]
-      compute = pm.compute_time(config.train_flops_factor * m["forward_flops"], k,
-                                cdict["peak_flops"], config.sustained_fraction)
-      rows = []
-      for gpus in config.gpus:
-        i, j = pm.layout(gpus, cl.gpus_per_machine)
-        row = {"gpus": gpus, "i": i, "j": j}
-        charges = {"float": m["gradient_bytes_float32"], "terngrad": m["gradient_bytes_terngrad"]}
-        for ex in EXCHANGES:  # one GPU exchanges nothing: the payload's copy only
-          charges[f"terngrad_{ex}"] = m["charged_bytes_terngrad"][ex].get(str(gpus), m["gradient_bytes_terngrad"])
-        for label, g in charges.items():
-          # T(1,1,K) copies the worker's own gradient (float or payload) once, whatever the exchange.
-          t1 = pm.profiled_time(compute, m["gradient_bytes_float32"] if label == "float"
-                                else m["gradient_bytes_terngrad"], cl)
-          if config.scaling == "weak":
-            row[f"{label}_time_sec"] = pm.weak_time(i, j, t1, g, cl)
-            row[f"{label}_throughput"] = pm.weak_throughput(k, i, j, t1, g, cl)
-          else:
-            row[f"{label}_time_sec"] = pm.strong_time(i, j, t1, g, cl)
-            row[f"{label}_throughput"] = pm.strong_throughput(k, i, j, t1, g, cl)
-        row["speedup"] = row["terngrad_throughput"] / row["float_throughput"]
-        for ex in EXCHANGES:
-          row[f"speedup_{ex}"] = row[f"terngrad_{ex}_throughput"] / row["float_throughput"]
-        rows.append(row)
-      per_model[name] = {"assumed_compute_sec": compute, "rows": rows}
-    out["clusters"][cname] = {"label": cdict["label"], "models": per_model}
-  out["break_even"] = break_even_table(config, out["models"])
-  # The paper's headline number beside ours, and what our model would need to match it.
-  a = out["models"]["alexnet"]
-  eth = out["clusters"]["ethernet"]["models"]["alexnet"]
+  return models, sizes
+
+
+def exchange_charges(config, comp: core.Compressor, sizes: list[tuple[int, bool]], g_float: float,
+                     cache: dict) -> dict:
+  """``{exchange: {str(gpus): charged |g|}}`` of one model (:func:`charged_bytes`), for 2 GPUs and more."""
+  out = {ex: {} for ex in EXCHANGES}
+  for gpus in config.gpus:
+    if gpus < 2:
+      continue
+    rf = model_received_bytes(sizes, comp, gpus, "float", cache)
+    for ex in EXCHANGES:
+      r = model_received_bytes(sizes, comp, gpus, ex, cache)
+      out[ex][str(gpus)] = charged_bytes(g_float, r, rf)
+  return out
+
+
+def cluster_estimates(config, cdict: dict, models: dict) -> dict:
+  """One cluster's assumed compute time and rows (:func:`gpu_row`) per model."""
+  cl = cluster_of(cdict)
+  per_model = {}
+  for name, m in models.items():
+    compute = pm.compute_time(config.train_flops_factor * m["forward_flops"], m["per_gpu_batch"],
+                              cdict["peak_flops"], config.sustained_fraction)
+    per_model[name] = {"assumed_compute_sec": compute,
+                       "rows": [gpu_row(config, cl, m, compute, gpus) for gpus in config.gpus]}
+  return {"label": cdict["label"], "models": per_model}
+
+
+def _charges(m: dict, gpus: int) -> dict:
+  """The ``|g|`` each exchange is charged at ``gpus`` GPUs: float, the paper's TernGrad charge, ours."""
+  charges = {"float": m["gradient_bytes_float32"], "terngrad": m["gradient_bytes_terngrad"]}
+  for ex in EXCHANGES:  # one GPU exchanges nothing: the payload's copy only
+    charges[f"terngrad_{ex}"] = m["charged_bytes_terngrad"][ex].get(str(gpus), m["gradient_bytes_terngrad"])
+  return charges
+
+
+def gpu_row(config, cl: pm.Cluster, m: dict, compute: float, gpus: int) -> dict:
+  """Step time, throughput and TernGrad's speedups of one model at ``gpus`` GPUs."""
+  k = m["per_gpu_batch"]
+  i, j = pm.layout(gpus, cl.gpus_per_machine)
+  row = {"gpus": gpus, "i": i, "j": j}
+  step_time, throughput = ((pm.weak_time, pm.weak_throughput) if config.scaling == "weak"
+                           else (pm.strong_time, pm.strong_throughput))
+  for label, g in _charges(m, gpus).items():
+    # T(1,1,K) copies the worker's own gradient (float or payload) once, whatever the exchange.
+    t1 = pm.profiled_time(compute, m["gradient_bytes_float32"] if label == "float"
+                          else m["gradient_bytes_terngrad"], cl)
+    row[f"{label}_time_sec"] = step_time(i, j, t1, g, cl)
+    row[f"{label}_throughput"] = throughput(k, i, j, t1, g, cl)
+  row["speedup"] = row["terngrad_throughput"] / row["float_throughput"]
+  for ex in EXCHANGES:
+    row[f"speedup_{ex}"] = row[f"terngrad_{ex}_throughput"] / row["float_throughput"]
+  return row
+
+
+def paper_headline(config, models: dict, clusters: dict) -> dict:
+  """The paper's headline number (AlexNet, 8 GPUs, Ethernet) beside ours, and what our model
+  would need to match it."""
+  a = models["alexnet"]
+  eth = clusters["ethernet"]["models"]["alexnet"]
   cl = cluster_of(config.clusters["ethernet"])
-  out["alexnet_ethernet_8gpu"] = {
+  return {
       "speedup": next(r["speedup"] for r in eth["rows"] if r["gpus"] == 8),
       "compute_sec_matching_paper": compute_time_for_speedup(
           3.04, 8, a["gradient_bytes_float32"], a["gradient_bytes_terngrad"], cl,
           a["per_gpu_batch"], config.scaling),
       "assumed_compute_sec": eth["assumed_compute_sec"],
   }
-  return out
 
 
 def main(argv):

@@ -190,13 +190,23 @@ def render_dr_f2(runs_by_dataset, out_path: str, img_dir: str) -> list[str]:
 
 
 def _render_dr_f2_doc(data_name: str, setup: str, doc: dict, out_path: str, img_dir: str) -> list[str]:
-  paper = doc["paper"]
   results = doc["results"]
   methods = list(dict.fromkeys(r["method"] for r in results))
   sizes = sorted({r["size"] for r in results})
   by = {(r["method"], r["size"]): r for r in results}
-  lines = [f"### {data_name}, {setup}", ""]
-  lines += [
+  lines = [f"### {data_name}, {setup}", ""] + _dr_f2_setting(doc) + _dr_f2_times(methods, sizes, by)
+  if sizes:
+    lines += _dr_f2_bytes(methods, sizes[-1], by)
+  os.makedirs(img_dir, exist_ok=True)
+  png = os.path.join(img_dir, f"dr_f2_{data_name}_{setup}.png")
+  _plot_allreduce(methods, sizes, by, png)
+  return lines + [f"![DR-F2 all-reduce time]({rel_link(png, out_path)})", ""]
+
+
+def _dr_f2_setting(doc: dict) -> list[str]:
+  """The paper's claims, our benchmark's settings, and why host devices differ from a network."""
+  paper = doc["paper"]
+  return [
       f"Paper ({paper['source']}): " + "; ".join(paper["claims"]) + f" ({paper['statistic']}).",
       "",
       f"Ours: {doc['collectives']}; input: {doc['data']} (the paper's own synthetic benchmark input); "
@@ -211,10 +221,13 @@ def _render_dr_f2_doc(data_name: str, setup: str, doc: dict, out_path: str, img_
       "all-gather of every worker's payload, not the paper's reduce-scatter → re-quantize → all-gather.",
       "",
   ]
+
+
+def _dr_f2_times(methods: list[str], sizes: list[int], by: dict) -> list[str]:
+  """Median time per method and size, and each method's speedup over the float ``pmean``."""
   header = "| size | " + " | ".join(f"{m} median ms" for m in methods) + " | " + " | ".join(
       f"{m}: speedup" for m in methods if m != "normal") + " |"
-  lines.append(header)
-  lines.append("|---:|" + "---:|" * (2 * len(methods) - (1 if "normal" in methods else 0)))
+  lines = [header, "|---:|" + "---:|" * (2 * len(methods) - (1 if "normal" in methods else 0))]
   for size in sizes:
     row = [f"{size}²"]
     for m in methods:
@@ -227,34 +240,27 @@ def _render_dr_f2_doc(data_name: str, setup: str, doc: dict, out_path: str, img_
       r = by.get((m, size))
       row.append("—" if r is None or base is None else f"{base['median_s'] / r['median_s']:.2f}×")
     lines.append("| " + " | ".join(row) + " |")
-  lines.append("")
-  lines.append("*speedup*: the float `pmean`'s median time divided by the method's (above 1: faster than "
-               "normal, as the paper's 1.76×).")
-  lines.append("")
-  largest = sizes[-1] if sizes else None
-  if largest is not None:
-    lines.append(f"Bytes per worker per all-reduce at {largest}² (`bytes_on_wire`: handed to the collective; "
-                 "*received (model)*: bytes one worker receives, `(N−1)·payload` for the all-gather, "
-                 "`2(N−1)/N·4n` for a ring all-reduce — a formula, not a measurement; overflow: mean over "
-                 "workers in the last trial):")
-    lines.append("")
-    lines.append("| method | bytes on wire | ratio | exact encoded bytes | received (model) | overflow | "
-                 "RMS error vs exact mean |")
-    lines.append("|---|---:|---:|---:|---:|---:|---:|")
-    for m in methods:
-      r = by.get((m, largest))
-      if r is None:
-        continue
-      ov = "—" if r.get("overflow") is None else f"{r['overflow']:,.0f}"
-      lines.append(f"| {m} | {_fmt_bytes(r['bytes_on_wire'])} | {r['compression_ratio']:.1f} | "
-                   f"{_fmt_bytes(r['encoded_bytes'])} | {_fmt_bytes(r['received_bytes_model'])} | {ov} | "
-                   f"{r['rms_error_vs_exact_mean']:.3g} |")
-    lines.append("")
-  os.makedirs(img_dir, exist_ok=True)
-  png = os.path.join(img_dir, f"dr_f2_{data_name}_{setup}.png")
-  _plot_allreduce(methods, sizes, by, png)
-  lines += [f"![DR-F2 all-reduce time]({rel_link(png, out_path)})", ""]
-  return lines
+  return lines + ["", "*speedup*: the float `pmean`'s median time divided by the method's (above 1: faster "
+                  "than normal, as the paper's 1.76×).", ""]
+
+
+def _dr_f2_bytes(methods: list[str], largest: int, by: dict) -> list[str]:
+  """Bytes, ratio, overflow and error of each method at the ``largest`` size."""
+  lines = [f"Bytes per worker per all-reduce at {largest}² (`bytes_on_wire`: handed to the collective; "
+           "*received (model)*: bytes one worker receives, `(N−1)·payload` for the all-gather, "
+           "`2(N−1)/N·4n` for a ring all-reduce — a formula, not a measurement; overflow: mean over "
+           "workers in the last trial):", "",
+           "| method | bytes on wire | ratio | exact encoded bytes | received (model) | overflow | "
+           "RMS error vs exact mean |", "|---|---:|---:|---:|---:|---:|---:|"]
+  for m in methods:
+    r = by.get((m, largest))
+    if r is None:
+      continue
+    ov = "—" if r.get("overflow") is None else f"{r['overflow']:,.0f}"
+    lines.append(f"| {m} | {_fmt_bytes(r['bytes_on_wire'])} | {r['compression_ratio']:.1f} | "
+                 f"{_fmt_bytes(r['encoded_bytes'])} | {_fmt_bytes(r['received_bytes_model'])} | {ov} | "
+                 f"{r['rms_error_vs_exact_mean']:.3g} |")
+  return lines + [""]
 
 
 def _plot_allreduce(methods, sizes, by, path: str) -> None:
