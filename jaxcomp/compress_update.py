@@ -6,11 +6,13 @@ algorithms in :mod:`jaxcomp.exchange`. See :class:`Compress`.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import functools
 import inspect
 import re
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import jax
 import jax.numpy as jnp
@@ -32,6 +34,25 @@ from jaxcomp.update_steps import (  # pylint: disable=g-multiple-import
     CompressState, NonFinitePolicy, SkipSpec, TensorResult, UpdatePlan, add_residual, agree_on_nonfinite,
     carry_residual, check_gradients_vary, check_not_sharded, check_one_worker, count_all, count_tensor,
     count_two_phase_tensor, metric_keys, path_str, resolve_skip, send_float, set_aside, set_aside_nonfinite)
+
+# Set by a caller that drops the state init makes (see :func:`state_discarded`).
+_DISCARDED: contextvars.ContextVar[bool] = contextvars.ContextVar("jaxcomp_state_discarded", default=False)
+
+
+@contextlib.contextmanager
+def state_discarded() -> Iterator[None]:
+  """While active, a compression transform's ``init`` leaves its counters empty: its caller drops that state.
+
+  The counters (:meth:`Compress.static_metrics`) cost an abstract trace of a
+  whole update; a caller that inits a chain only for the state of its other
+  transforms (:func:`jaxcomp.shard_optimizer`, per worker's chunk) skips it.
+  The arrays and the rest of the state are as always.
+  """
+  token = _DISCARDED.set(True)
+  try:
+    yield
+  finally:
+    _DISCARDED.reset(token)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -459,6 +480,8 @@ class Compress:
         local=core.WorkerLocal(residual=p.treedef.unflatten(residual), metrics={}),
         shard=shard,
     )
+    if _DISCARDED.get():
+      return state
     return state._replace(local=state.local._replace(metrics=self.static_metrics(params, state)))
 
   def static_metrics(self, params, state: CompressState) -> dict[str, Count]:
