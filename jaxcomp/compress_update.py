@@ -79,6 +79,8 @@ class Compress:
   bucket_bytes: int
   use_ef: bool  # a residual per tensor (error feedback)
   tracked_re: Optional[re.Pattern]  # tensor_metrics
+  # static_metrics' counts, per _signature of the parameters (each: key -> (static, is_static))
+  counts: dict = dataclasses.field(default_factory=dict, init=False, repr=False)
 
   @property
   def worker_axes(self) -> tuple[str, ...]:
@@ -490,11 +492,31 @@ class Compress:
     They are the same before and after every update, so that the state keeps
     one pytree structure (for jit caches, ``lax.scan``, checkpoints): one
     update is traced abstractly (nothing runs) and its static counts kept.
+    The static counts are kept per :func:`_signature` of ``params``: an init
+    repeated for the same shapes (a run's abstract state, then its state)
+    traces once.
     """
-    traced = jax.eval_shape(_with_axes(self.update_fn, self.worker_axes + parallel.axis_names(self.within)),
-                            params, state)[1].local.metrics
-    return {k: Count(v.static) if v.is_static else Count(v.static) + Count.of(jnp.uint32(0))
-            for k, v in traced.items()}
+    key = _signature(params)
+    counts = self.counts.get(key) if key is not None else None
+    if counts is None:
+      traced = jax.eval_shape(_with_axes(self.update_fn, self.worker_axes + parallel.axis_names(self.within)),
+                              params, state)[1].local.metrics
+      counts = {k: (v.static, v.is_static) for k, v in traced.items()}
+      if key is not None:
+        self.counts[key] = counts
+    return {k: Count(static) if is_static else Count(static) + Count.of(jnp.uint32(0))
+            for k, (static, is_static) in counts.items()}
+
+
+def _signature(params: Any) -> Optional[tuple]:
+  """What an update's static counts follow: the parameters' tree, shapes and dtypes, and the enclosing
+  :func:`jaxcomp.exchange.scatter.scattering`'s cut; ``None`` (nothing kept) inside a sharded update."""
+  context = scatter.active()
+  if context is not None and context.lays is not None:
+    return None
+  leaves, treedef = jax.tree.flatten(params)
+  return (treedef, tuple((jnp.shape(a), jnp.result_type(a)) for a in leaves),
+          None if context is None else (context.align, context.axis_name))
 
 
 def _sizes(p: UpdatePlan) -> list[int]:
