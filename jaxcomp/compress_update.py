@@ -6,11 +6,13 @@ algorithms in :mod:`jaxcomp.exchange`. See :class:`Compress`.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import functools
 import inspect
 import re
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import jax
 import jax.numpy as jnp
@@ -32,6 +34,25 @@ from jaxcomp.update_steps import (  # pylint: disable=g-multiple-import
     CompressState, NonFinitePolicy, SkipSpec, TensorResult, UpdatePlan, add_residual, agree_on_nonfinite,
     carry_residual, check_gradients_vary, check_not_sharded, check_one_worker, count_all, count_tensor,
     count_two_phase_tensor, metric_keys, path_str, resolve_skip, send_float, set_aside, set_aside_nonfinite)
+
+# Set by a caller that drops the state init makes (see :func:`state_discarded`).
+_DISCARDED: contextvars.ContextVar[bool] = contextvars.ContextVar("jaxcomp_state_discarded", default=False)
+
+
+@contextlib.contextmanager
+def state_discarded() -> Iterator[None]:
+  """While active, a compression transform's ``init`` leaves its counters empty: its caller drops that state.
+
+  The counters (:meth:`Compress.static_metrics`) cost an abstract trace of a
+  whole update; a caller that inits a chain only for the state of its other
+  transforms (:func:`jaxcomp.shard_optimizer`, per worker's chunk) skips it.
+  The arrays and the rest of the state are as always.
+  """
+  token = _DISCARDED.set(True)
+  try:
+    yield
+  finally:
+    _DISCARDED.reset(token)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -58,6 +79,8 @@ class Compress:
   bucket_bytes: int
   use_ef: bool  # a residual per tensor (error feedback)
   tracked_re: Optional[re.Pattern]  # tensor_metrics
+  # static_metrics' counts, per _signature of the parameters (each: key -> (static, is_static))
+  counts: dict = dataclasses.field(default_factory=dict, init=False, repr=False)
 
   @property
   def worker_axes(self) -> tuple[str, ...]:
@@ -459,6 +482,8 @@ class Compress:
         local=core.WorkerLocal(residual=p.treedef.unflatten(residual), metrics={}),
         shard=shard,
     )
+    if _DISCARDED.get():
+      return state
     return state._replace(local=state.local._replace(metrics=self.static_metrics(params, state)))
 
   def static_metrics(self, params, state: CompressState) -> dict[str, Count]:
@@ -467,11 +492,31 @@ class Compress:
     They are the same before and after every update, so that the state keeps
     one pytree structure (for jit caches, ``lax.scan``, checkpoints): one
     update is traced abstractly (nothing runs) and its static counts kept.
+    The static counts are kept per :func:`_signature` of ``params``: an init
+    repeated for the same shapes (a run's abstract state, then its state)
+    traces once.
     """
-    traced = jax.eval_shape(_with_axes(self.update_fn, self.worker_axes + parallel.axis_names(self.within)),
-                            params, state)[1].local.metrics
-    return {k: Count(v.static) if v.is_static else Count(v.static) + Count.of(jnp.uint32(0))
-            for k, v in traced.items()}
+    key = _signature(params)
+    counts = self.counts.get(key) if key is not None else None
+    if counts is None:
+      traced = jax.eval_shape(_with_axes(self.update_fn, self.worker_axes + parallel.axis_names(self.within)),
+                              params, state)[1].local.metrics
+      counts = {k: (v.static, v.is_static) for k, v in traced.items()}
+      if key is not None:
+        self.counts[key] = counts
+    return {k: Count(static) if is_static else Count(static) + Count.of(jnp.uint32(0))
+            for k, (static, is_static) in counts.items()}
+
+
+def _signature(params: Any) -> Optional[tuple]:
+  """What an update's static counts follow: the parameters' tree, shapes and dtypes, and the enclosing
+  :func:`jaxcomp.exchange.scatter.scattering`'s cut; ``None`` (nothing kept) inside a sharded update."""
+  context = scatter.active()
+  if context is not None and context.lays is not None:
+    return None
+  leaves, treedef = jax.tree.flatten(params)
+  return (treedef, tuple((jnp.shape(a), jnp.result_type(a)) for a in leaves),
+          None if context is None else (context.align, context.axis_name))
 
 
 def _sizes(p: UpdatePlan) -> list[int]:

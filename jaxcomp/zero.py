@@ -67,6 +67,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jaxcomp import compress_update
 from jaxcomp import core
 from jaxcomp import parallel
 from jaxcomp import zero_params
@@ -261,9 +262,10 @@ class _Sharding(NamedTuple):
   def init(self, params: Any) -> ShardedOptimizerState:
     with scatter.scattering(self.align):
       compression = jax.jit(lambda p: _only_compression(self.tx.init(p)))(params)
-      rows = jax.jit(jax.vmap(lambda p: _without_compression(self.tx.init(p))))(self.rows(params))
-      _check_chain(compression, rows)
-      cut = self.cut(params, rows)
+      with compress_update.state_discarded():  # the compression transform's state is the one above
+        rows = jax.jit(jax.vmap(lambda p: _without_compression(self.tx.init(p))))(self.rows(params))
+        _check_chain(compression, rows)
+        cut = self.cut(params, rows)
     try:
       replicated = _merged(compression, jax.tree.map(lambda a, c: optax.MaskedNode() if c else a[0], rows, cut))
     except ValueError as e:

@@ -158,7 +158,8 @@ def run_mesh(tx, mesh, axes, workers: int) -> tuple[list, Any]:
   state = parallel.replicate_workers(tx.init(params()), workers)
   specs = parallel.worker_specs(state, axes)
   state = jax.device_put(state, parallel.worker_shardings(state, mesh, axes))
-  p = jax.tree.map(lambda a: jnp.stack([a] * workers), params())
+  # Laid out as the step returns them, as the state: one compile, not a second one for the steps after the first.
+  p = jax.device_put(jax.tree.map(lambda a: jnp.stack([a] * workers), params()), NamedSharding(mesh, P(axes)))
   step = jax.jit(jax.shard_map(_per_device(tx), mesh=mesh, in_specs=(P(axes), specs, P(axes)),
                                out_specs=(P(axes), specs, P(axes))))
   outs = []

@@ -3,6 +3,7 @@ experiments.train, with the float exchange and with DiLoCo, at a tiny size."""
 
 import csv
 import math
+import shutil
 
 import jax
 import numpy as np
@@ -137,20 +138,22 @@ def test_sharded_parameters_train_as_the_sharded_state(tmp_path, zero3_run):
 
 @pytest.mark.slow
 def test_sharded_parameters_resume_bit_identically(tmp_path, zero3_run):
-  """Killed after step 4 (last checkpoint: 3), resumed: every worker's chunks of the parameters and
-  of their EMA, the sharded AdamW moments and TernGrad's residuals come back, and the run ends with
-  the same bits as the uninterrupted one."""
+  """The run's workdir without its last checkpoint (as if killed after step 5, last checkpoint: 3),
+  resumed: every worker's chunks of the parameters and of their EMA, the sharded AdamW moments and
+  TernGrad's residuals come back, and the run ends with the same bits as the uninterrupted one.
+  (A run stopped by stop_after_steps, then resumed: tests/test_resume.py.)"""
   workdir, zero3 = zero3_run
-  c = _zero(shard_params=True, checkpoint_every=3)
-  assert train.train_and_evaluate(c, str(tmp_path), stop_after_steps=4) == {"steps": 4, "stopped_early": True}
-  resumed = train.train_and_evaluate(c, str(tmp_path))
+  b = tmp_path / "b"
+  shutil.copytree(workdir, b)
+  shutil.rmtree(b / "checkpoints" / "6")
+  resumed = train.train_and_evaluate(_zero(shard_params=True, checkpoint_every=3), str(b))
   assert resumed["resumed_from_step"] == 3 and resumed["test_bits_per_byte"] == zero3["test_bits_per_byte"]
-  assert _rows(tmp_path) == _rows(workdir)
+  assert _rows(b) == _rows(workdir)  # the copy's rows of steps 4 to 6 and its evaluation, cut and written again
   leaves_a, tree_a = jax.tree.flatten(_checkpoint(workdir, 6))
-  leaves_b, tree_b = jax.tree.flatten(_checkpoint(tmp_path, 6))
+  leaves_b, tree_b = jax.tree.flatten(_checkpoint(b, 6))
   assert tree_a == tree_b
   for x, y in zip(leaves_a, leaves_b):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
-  state = _checkpoint(tmp_path, 3)
+  state = _checkpoint(b, 3)
   for part in ("params", "ema_params"):  # 16,384 values: 4,096 a worker, rounded up to 2,560's multiple
     assert state[part]["local"]["residual"]["logits"]["embedding"].shape == (4, 5120), part

@@ -343,10 +343,11 @@ def test_bytes_per_worker_target(name):
 
 
 def _grads(n_workers, step):
-  k1, k2, k3 = jax.random.split(jax.random.PRNGKey(100 + step), 3)
-  return {"fc": jax.random.normal(k1, (n_workers, 37, 11)),
-          "conv": jax.random.normal(k2, (n_workers, 3, 3, 8, 8)),
-          "bias": jax.random.normal(k3, (n_workers, 11)) * 0.1}  # too small to split: the all-gather
+  """Gaussian gradients drawn by numpy: no random-number program to compile for each shape."""
+  rng = np.random.default_rng(100 + step)
+  normal = lambda *shape: rng.standard_normal((n_workers,) + shape, np.float32)
+  return {"fc": normal(37, 11), "conv": normal(3, 3, 8, 8),
+          "bias": normal(11) * np.float32(0.1)}  # too small to split: the all-gather
 
 
 def test_transform_same_numbers_in_every_layout():

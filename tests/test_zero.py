@@ -21,6 +21,7 @@ from jax.sharding import Mesh
 
 import jaxcomp
 from benchmarks import zero_optimizers
+from jaxcomp import compress_update
 from jaxcomp import parallel
 from jaxcomp.exchange import scatter
 
@@ -75,6 +76,19 @@ def test_state_is_a_shard_per_worker():
   kept = state.replicated[1][0]  # b (7 < N * 40 values) and the step count: whole, the same on every worker
   assert kept.mu["b"].shape == (7,) and kept.count.shape == ()
   assert isinstance(mu["b"], optax.MaskedNode) and isinstance(state.local, jaxcomp.core.ShardLocal)
+
+
+def test_init_traces_the_compression_update_once(monkeypatch):
+  """The counters' abstract trace of an update: once for the init (not for the chunks' inits, whose compression
+  state is dropped), not again for a second init of the same shapes; the two states are alike."""
+  traced = []
+  update_fn = compress_update.Compress.update_fn
+  monkeypatch.setattr(compress_update.Compress, "update_fn",
+                      lambda self, *args, **kwargs: traced.append(1) or update_fn(self, *args, **kwargs))
+  tx = _sharded(_chain("terngrad", optax.adamw(1e-3)))
+  abstract, state = jax.eval_shape(tx.init, PARAMS), tx.init(PARAMS)
+  assert len(traced) == 1
+  assert jax.tree.structure(abstract) == jax.tree.structure(state)  # the static counts included
 
 
 # Compressors whose reduce-scatter must be the two-phase exchange's first phase (blocks that divide ALIGN).
