@@ -109,7 +109,7 @@ def programs(request, tmp_path_factory):
   """What the README's first program and each program of ``_PROGRAMS`` a selected test reads printed,
   run in one fresh interpreter (8 host devices): name -> {"out": stdout, "error": traceback or None}."""
   import json  # pylint: disable=g-import-not-at-top
-  selected = {item.originalname for item in request.session.items}
+  selected = {getattr(item, "originalname", item.name) for item in request.session.items}
   chosen = {name: (make(), after_readme) for name, (make, after_readme, tests) in _PROGRAMS.items()
             if tests & selected}
   tmp_path = tmp_path_factory.mktemp("readme")
