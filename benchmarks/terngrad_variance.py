@@ -96,15 +96,7 @@ def measure(net: RealLeNet, params, batches, keys: int, workers=WORKERS,
   skip = jaxcomp.skip_by_path(models.is_last_layer) if float_logits else None
   out = {}
   for n in workers:
-    tx = jaxcomp.terngrad(axis_name="w", skip=skip)
-    axes = parallel.worker_axes(parallel.replicate_workers(tx.init(params), n))
-
-    @jax.jit
-    def step(gs, state, mean, tx=tx, axes=axes):
-      u = jax.vmap(lambda g, s: tx.update(g, s, None)[0], in_axes=(0, axes), out_axes=None,
-                   axis_name="w")(gs, state)
-      return _rel_sq_error(u, mean)
-
+    step = _exchange_error(float_logits)
     ratios = []
     for bi, (gs, mean) in enumerate(_split_grads(worker_grads, params, batches, n)):
       for k in range(keys):
@@ -115,6 +107,29 @@ def measure(net: RealLeNet, params, batches, keys: int, workers=WORKERS,
         ratios.append(float(step(gs, state, mean)))
     out[n] = float(np.mean(ratios))
   return out
+
+
+@functools.lru_cache(maxsize=None)
+def _exchange_error(float_logits: bool):
+  """``step(gs, state, mean)``: the relative squared error TernGrad's exchange adds to the mean of
+  the workers' gradients ``gs``; jitted once, kept for every point measured (compiled once per N)."""
+  skip = jaxcomp.skip_by_path(models.is_last_layer) if float_logits else None
+  tx = jaxcomp.terngrad(axis_name="w", skip=skip)
+
+  @jax.jit
+  def step(gs, state, mean):
+    axes = parallel.worker_axes(state)
+    u = jax.vmap(lambda g, s: tx.update(g, s, None)[0], in_axes=(0, axes), out_axes=None,
+                 axis_name="w")(gs, state)
+    return _rel_sq_error(u, mean)
+
+  return step
+
+
+@functools.lru_cache(maxsize=None)
+def _grad(net: RealLeNet):
+  """The gradient of a batch, jitted once per net (compiled once per batch size)."""
+  return jax.jit(jax.grad(net.loss))
 
 
 @functools.lru_cache(maxsize=None)
@@ -142,7 +157,7 @@ def scalar_ratio_medians(net: RealLeNet, params, batches, workers=WORKERS) -> di
 
 
 def minibatch_noise(net: RealLeNet, params, batches, big) -> float:
-  grad = jax.jit(jax.grad(net.loss))
+  grad = _grad(net)
   gb = grad(params, jnp.asarray(big[0]), jnp.asarray(big[1]))
   return float(np.mean([float(_rel_sq_error(grad(params, jnp.asarray(x), jnp.asarray(y)), gb))
                         for x, y in batches]))

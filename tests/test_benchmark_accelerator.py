@@ -51,6 +51,7 @@ def test_tiny_run_measures_every_part_side_by_side(tiny_run):
   assert set(steps) == {(m, k) for m in ("lenet", "gpt") for k in ("float", "terngrad")}
   for (model, method), r in steps.items():
     assert r["step_s"] > 0 and len(r["times_s"]) == accelerator.TINY.repeats
+    assert r["compiles"] == 1, (model, method)  # its state laid out as the step returns it
     assert (r["ratio_to_float"] == 1.0) == (method == "float"), (model, method)
   update = {r["method"]: r for r in doc["exchange"]}
   assert update["none"]["devices"] == 2 and update["none"]["tensors"] == 8  # LeNet's

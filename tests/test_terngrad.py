@@ -156,7 +156,7 @@ def test_chain_with_sgd_and_bad_arguments():
     jaxcomp.terngrad(rng="mersenne")
 
 
-@pytest.mark.parametrize("workers,n", [(1, 5), (3, 7), (8, 400), (130, 9)])
+@pytest.mark.parametrize("workers,n", [(1, 5), (3, 7), (8, 400), (130, 9), (1100, 9)])  # 1100: a scan, then the rest
 def test_aggregate_sums_packed_codes_exactly(workers, n):
   """The mean sums the codes on the packed bytes; it equals decoding every worker and averaging."""
   comp = TernGrad(clip_sigma=None)

@@ -183,15 +183,33 @@ class TernGrad(core.BucketCompressor):
     if not self.scalar_sharing:
       return super().aggregate_columns(gathered, layout)
     workers = gathered.scale.shape[0]
-    # The codes are summed on the packed bytes, LANE_WORKERS workers at a time
-    # (integer sums: exact in any order). The plain form unpacks every worker, plane k being
-    # core.sum_leading(twobit.plane(jax.vmap(layout.expand)(gathered.codes), k)).
-    codes = 0
-    for lo in range(0, workers, twobit.LANE_WORKERS):
-      lanes = layout.expand(core.sum_leading(twobit.spread_lanes(gathered.codes[lo:lo + twobit.LANE_WORKERS])))
-      codes = codes + twobit.lane_planes(lanes)
-    total = codes - workers  # int32: the sum of t over workers
+    total = _sum_codes(gathered.codes, layout) - workers  # int32: the sum of t over workers
     return total.astype(jnp.float32) * layout.per_chunk(gathered.scale[0] / workers)
+
+
+# Past this many groups of LANE_WORKERS workers, _sum_codes loops over them in a scan instead of
+# unrolling them (a trace at 65,536 workers, as the performance model's, would unroll 516).
+_UNROLLED_GROUPS = 8
+
+
+def _sum_codes(codes: jax.Array, layout) -> jax.Array:
+  """The workers' ``t + 1`` summed per plane (int32), from their packed bytes ``codes[workers, ...]``.
+
+  Summed on the packed bytes, LANE_WORKERS workers at a time (integer sums: exact
+  in any order). The plain form unpacks every worker, plane k being
+  ``core.sum_leading(twobit.plane(jax.vmap(layout.expand)(codes), k))``.
+  """
+  group = lambda c: twobit.lane_planes(layout.expand(core.sum_leading(twobit.spread_lanes(c))))
+  lanes = twobit.LANE_WORKERS
+  scanned = codes.shape[0] // lanes * lanes if codes.shape[0] > _UNROLLED_GROUPS * lanes else 0
+  total = 0
+  if scanned:
+    groups = codes[:scanned].reshape((scanned // lanes, lanes) + codes.shape[1:])
+    zero = jnp.zeros(jax.eval_shape(group, groups[0]).shape, jnp.int32)
+    total, _ = jax.lax.scan(lambda acc, c: (acc + group(c), None), zero, groups)
+  for lo in range(scanned, codes.shape[0], lanes):
+    total = total + group(codes[lo:lo + lanes])
+  return total
 
 
 @hyperparams.factory()
