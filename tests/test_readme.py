@@ -2,9 +2,7 @@
 
 The README's Python blocks run in order, as one program in a fresh interpreter
 (what a user who copies them gets); each docs page's blocks run after the
-README's first program, which they build on, in a namespace of their own (a
-copy of that program's: a page cannot use another page's names). One
-interpreter runs them all, the README's program once. The blocks use tiny sizes
+README's first program, which they build on. The blocks use tiny sizes
 already, so nothing is substituted (the model-sharded recipe also runs with
 its mesh's axes made Explicit). The metrics, options, compressor names and
 make targets the README names are checked against the library and the Makefile.
@@ -36,27 +34,15 @@ def _blocks(lang, text=README):
   return re.findall(rf"^```{lang}\n(.*?)^```", text, flags=re.S | re.M)
 
 
-# Given a JSON file [the README's first program, {name: (code, whether it builds on that program)}]: runs
-# the README's program, then each other in a copy of the namespace it starts from (the README program's,
-# or an empty one); prints, as JSON, what each printed and its traceback if it failed.
-_RUN_EACH = """
-import contextlib, io, json, sys, traceback
-
-def run(code, name, namespace):
-  out = io.StringIO()
-  try:
-    with contextlib.redirect_stdout(out):
-      exec(compile(code, name, "exec"), namespace)
-  except Exception:
-    return {"out": out.getvalue(), "error": traceback.format_exc()}
-  return {"out": out.getvalue(), "error": None}
-
-readme, programs = json.load(open(sys.argv[1]))
-results = {"README.md": run(readme, "README.md", readme_ns := {"__name__": "__main__"})}
-for name, (code, after_readme) in programs.items():
-  results[name] = run(code, name, dict(readme_ns) if after_readme else {"__name__": "__main__"})
-print(json.dumps(results))
-"""
+def _run(blocks, tmp_path):
+  """Runs ``blocks`` as one program in a fresh interpreter (8 host devices); returns what it printed."""
+  program = tmp_path / "readme_program.py"
+  program.write_text("\n".join(blocks))
+  env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", XLA_FLAGS=worker_xla_flags(8))
+  out = subprocess.run([sys.executable, str(program)], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=600)
+  assert out.returncode == 0, out.stderr[-3000:]
+  return out
 
 
 _COMPARE_LAYOUTS = """
@@ -76,64 +62,12 @@ print(json.dumps({"max_param_diff": diff, "float_allreduced_elements": float_red
 """
 
 
-def _page(name):
-  return "\n".join(_blocks("python", (ROOT / "docs" / name).read_text()))
-
-
-def _meshes_program():
-  """meshes.md's blocks, then its model-sharded recipe again with its mesh's axes made Explicit."""
-  sharded = next(b for b in _blocks("python", (ROOT / "docs" / "meshes.md").read_text()) if "jaxcomp.per_shard(" in b)
-  explicit = sharded.replace("AxisType.Auto", "AxisType.Explicit")
-  assert explicit != sharded
-  count = 'print(f"model-sharded step compiled {m_step.compiles()} time(s)")'
-  return "\n".join([_page("meshes.md"), count, explicit, count])
-
-
-# The programs run after the README's first one (True) or alone (False), and the tests that read each.
-_PROGRAMS = {
-    "README.md on 8 devices": (lambda: "\n".join(["vmap_params = params", _blocks("python")[1], _COMPARE_LAYOUTS]),
-                               True, {"test_readme_python_blocks_run_as_one_program",
-                                      "test_readme_vmap_and_shard_map_blocks_agree"}),
-    "meshes.md": (_meshes_program, True, {"test_meshes_page_blocks_run_on_auto_and_explicit_axes"}),
-    "nnx.md": (lambda: _page("nnx.md"), True, {"test_nnx_page_blocks_run"}),
-    "wrappers.md": (lambda: _page("wrappers.md"), True, {"test_wrappers_page_blocks_run"}),
-    "language_models.md, schedules.md": (lambda: _page("language_models.md") + "\n" + _page("schedules.md"), True,
-                                         {"test_language_models_and_schedules_blocks_run"}),
-    "zero.md": (lambda: _page("zero.md"), True, {"test_zero_page_blocks_run"}),
-    "options.md": (lambda: _page("options.md"), False, {"test_options_page_measures_the_bytes_it_says_to_compare"}),
-}
-
-
 @pytest.fixture(scope="module")
-def programs(request, tmp_path_factory):
-  """What the README's first program and each program of ``_PROGRAMS`` a selected test reads printed,
-  run in one fresh interpreter (8 host devices): name -> {"out": stdout, "error": traceback or None}."""
-  import json  # pylint: disable=g-import-not-at-top
-  selected = {getattr(item, "originalname", item.name) for item in request.session.items}
-  chosen = {name: (make(), after_readme) for name, (make, after_readme, tests) in _PROGRAMS.items()
-            if tests & selected}
-  tmp_path = tmp_path_factory.mktemp("readme")
-  (tmp_path / "programs.json").write_text(json.dumps([_blocks("python")[0], chosen]))
-  (tmp_path / "run_each.py").write_text(_RUN_EACH)
-  env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", XLA_FLAGS=worker_xla_flags(8))
-  out = subprocess.run([sys.executable, "run_each.py", "programs.json"], cwd=tmp_path, env=env,
-                       capture_output=True, text=True, timeout=900)
-  assert out.returncode == 0, out.stderr[-3000:]
-  return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-def _output(programs, name):
-  """What program ``name`` printed, after the README's first program's output if it follows it."""
-  assert name in programs, f"{name} was not run"
-  for ran in ("README.md", name) if _PROGRAMS[name][1] else (name,):
-    assert programs[ran]["error"] is None, f"{ran} failed:\n{programs[ran]['out'][-2000:]}{programs[ran]['error']}"
-  return (programs["README.md"]["out"] if _PROGRAMS[name][1] else "") + programs[name]["out"]
-
-
-@pytest.fixture(scope="module")
-def readme_run(programs):
+def readme_run(tmp_path_factory):
   """The README's two programs, run as one, then the shard_map step compared with the vmap one."""
-  return _output(programs, "README.md on 8 devices")
+  vmap_block, shard_block = _blocks("python")
+  return _run([vmap_block, "vmap_params = params", shard_block, _COMPARE_LAYOUTS],
+              tmp_path_factory.mktemp("readme")).stdout
 
 
 def test_readme_python_blocks_run_as_one_program(readme_run):
@@ -171,10 +105,21 @@ def test_readme_vmap_and_shard_map_blocks_agree(readme_run):
   assert result["float_allreduced_elements"] <= 2, result
 
 
+def _run_page(name, tmp_path, extra=()):
+  """The README's first program, then the Python blocks of ``docs/name`` (and ``extra``), as one program."""
+  page = (ROOT / "docs" / name).read_text()
+  return _run(_blocks("python")[:1] + _blocks("python", page) + list(extra), tmp_path).stdout
+
+
 @pytest.mark.slow
-def test_meshes_page_blocks_run_on_auto_and_explicit_axes(programs):
+def test_meshes_page_blocks_run_on_auto_and_explicit_axes(tmp_path):
   """Hosts, the model-sharded recipe as written on Auto axes and again on Explicit ones, and the step by hand."""
-  out = _output(programs, "meshes.md")
+  page = (ROOT / "docs" / "meshes.md").read_text()
+  sharded = next(b for b in _blocks("python", page) if "jaxcomp.per_shard(" in b)
+  explicit = sharded.replace("AxisType.Auto", "AxisType.Explicit")
+  assert explicit != sharded
+  count = 'print(f"model-sharded step compiled {m_step.compiles()} time(s)")'
+  out = _run_page("meshes.md", tmp_path, [count, explicit, count])
   assert re.search(r"per device: \d+ bytes between hosts, \d+ within", out), out
   assert out.count("model-sharded step compiled 1 time(s)") == 2, out
   # Auto and Explicit: it learns, and a device's counts are its shards': the column-split kernel's
@@ -192,8 +137,8 @@ def test_meshes_page_blocks_run_on_auto_and_explicit_axes(programs):
   assert m and 10 < float(m[1]) < 16, out
 
 
-def test_nnx_page_blocks_run(programs):
-  lines = _output(programs, "nnx.md").strip().splitlines()[1:]  # after the README program's
+def test_nnx_page_blocks_run(tmp_path):
+  lines = _run_page("nnx.md", tmp_path).strip().splitlines()[1:]  # after the README program's
   # nnx.Optimizer under nnx.vmap learns the toy task (chance is log 10), with 2-bit codes ...
   m = re.fullmatch(r"nnx vmap: loss ([\d.]+), ([\d.]+)x", lines[0])
   assert m and float(m[1]) < 0.5 * np.log(10) and 10 < float(m[2]) < 16, lines
@@ -207,16 +152,18 @@ def test_nnx_page_blocks_run(programs):
   assert m and max(float(m[1]), float(m[2])) < 0.5 * np.log(10), lines
 
 
-def test_wrappers_page_blocks_run(programs):
-  out = _output(programs, "wrappers.md")
+def test_wrappers_page_blocks_run(tmp_path):
+  out = _run_page("wrappers.md", tmp_path)
   # multi_steps(tx, 4): bytes on the 4th and 8th steps only, the same both times.
   m = re.search(r"multi_steps: bytes on the wire per step \[([\d, ]+)\]", out)
   wire = [int(v) for v in m[1].split(",")] if m else None
   assert wire and wire[3] == wire[7] > 0 and wire[:3] == wire[4:7] == [0, 0, 0], out
 
 
-def test_language_models_and_schedules_blocks_run(programs):
-  out = _output(programs, "language_models.md, schedules.md")
+def test_language_models_and_schedules_blocks_run(tmp_path):
+  page = lambda name: (ROOT / "docs" / name).read_text()
+  out = _run(_blocks("python")[:1] + _blocks("python", page("language_models.md"))
+             + _blocks("python", page("schedules.md")), tmp_path).stdout
   f32 = 4 * (64 * 10 + 10)
   # DiLoCo with H = 4: the float32 pseudo-gradient on the 4th and 8th steps, nothing between.
   m = re.search(r"diloco: bytes on the wire per step \[([\d, ]+)\]", out)
@@ -228,8 +175,8 @@ def test_language_models_and_schedules_blocks_run(programs):
   assert [int(v) for v in m[2].split(",")] == [8 * 128] * 4, out
 
 
-def test_zero_page_blocks_run(programs):
-  out = _output(programs, "zero.md")
+def test_zero_page_blocks_run(tmp_path):
+  out = _run_page("zero.md", tmp_path)
   # Sharded AdamW learns the toy task (chance is log 10); w's moment is a row of 640 / 8 values a
   # worker; each worker sends its 80 float32 values of w's update to the all-gather (b, 10 values, whole).
   m = re.search(r"sharded AdamW: loss ([\d.]+), mu of w \((\d+), (\d+)\), (\d+) bytes gathered", out)
@@ -411,10 +358,10 @@ def test_options_page_says_how_the_two_phase_exchange_cuts_a_tensor():
   assert plan.choose(TernGrad(), 10**6, 1, "two_phase") == "all_gather"
 
 
-def test_options_page_measures_the_bytes_it_says_to_compare(programs):
+def test_options_page_measures_the_bytes_it_says_to_compare(tmp_path):
   """The page's program prints the figures its text gives: more bytes_on_wire, fewer received."""
   import ast  # pylint: disable=g-import-not-at-top
-  out = _output(programs, "options.md")
+  out = _run(_blocks("python", OPTIONS), tmp_path).stdout
   m = {line.split(" ", 1)[0]: ast.literal_eval(line.split(" ", 1)[1]) for line in out.strip().splitlines()}
   ag, tp = m["all_gather"], m["two_phase"]
   assert "received_bytes" not in ag  # reported with "two_phase" or "auto", as the page says
